@@ -1,0 +1,17 @@
+// Fixed-width types without <cstdint>: NVRTC compiles these kernels with no CUDA toolkit headers
+// on the include path (a user machine may have only the NVRTC wheel).
+#pragma once
+
+namespace rawflux {
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef signed char i8;
+typedef int i32;
+typedef long long i64;
+
+static_assert(sizeof(u16) == 2 && sizeof(u32) == 4 && sizeof(u64) == 8, "fixed-width types");
+
+#define RAWFLUX_DEVICE __device__ __forceinline__
+}  // namespace rawflux
