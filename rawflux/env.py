@@ -63,3 +63,118 @@ def tune_mode() -> str:
 def arch_override() -> str | None:
     """RAWFLUX_ARCH: compile for this architecture (e.g. sm_90a) instead of the device's."""
     return os.environ.get("RAWFLUX_ARCH") or None
+
+
+# --- dist / launch switches (rawflux.dist, rawflux.launch) -----------------------------------
+
+
+def device_override() -> int | None:
+    """RAWFLUX_DEVICE: bind every rank of this process to this CUDA device ordinal (as numbered
+    under CUDA_VISIBLE_DEVICES) instead of local_rank % visible devices."""
+    raw = os.environ.get("RAWFLUX_DEVICE")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"RAWFLUX_DEVICE must be a device ordinal (an integer), got {raw!r}") from None
+
+
+def launcher_local() -> tuple[int, int] | None:
+    """(node-local rank, processes on this node) as the MPI launcher (Open MPI, MPICH/Hydra,
+    MVAPICH, Slurm) gives them to this process, or None. rawflux binds devices by it only when a
+    group is built from a sub-communicator that leaves out some of the node's processes, so two
+    TP groups on one node do not both start at device 0."""
+    for rank_var, size_var in (("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                               ("MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+                               ("MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
+                               ("SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")):
+        r, n = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
+        if r.strip().isdigit() and n.strip().isdigit():
+            return int(r), int(n)
+    return None
+
+
+def cuda_visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list of entries (None when unset; [] when set to nothing)."""
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return [d.strip() for d in raw.split(",") if d.strip()]
+
+
+def mpirun() -> str:
+    """RAWFLUX_MPIRUN: the MPI launcher rawflux-launch runs (default: mpirun on the PATH)."""
+    return os.environ.get("RAWFLUX_MPIRUN") or "mpirun"
+
+
+def mpirun_extra_args() -> list[str]:
+    """RAWFLUX_MPIRUN_ARGS: extra launcher arguments (shell-quoted), e.g. '--tag-output'."""
+    import shlex
+
+    return shlex.split(os.environ.get("RAWFLUX_MPIRUN_ARGS", ""))
+
+
+def mps_control() -> str:
+    """RAWFLUX_MPS_CONTROL: the MPS control binary rawflux-launch --emulate starts (default:
+    nvidia-cuda-mps-control on the PATH)."""
+    return os.environ.get("RAWFLUX_MPS_CONTROL") or "nvidia-cuda-mps-control"
+
+
+def emulated_node() -> bool:
+    """RAWFLUX_EMULATED_NODE=1 (set by rawflux-launch --emulate): all ranks share one GPU under MPS."""
+    return _flag("RAWFLUX_EMULATED_NODE")
+
+
+# --- fused AllGather-GEMM switches (rawflux.ops.ag_gemm) ----------------------------------------
+
+
+def ag_direction() -> str:
+    """RAWFLUX_AG_DIRECTION: default gather direction of rawflux.ag_gemm, 'push' (each rank writes
+    its shard into every peer, default) or 'pull' (each rank reads every peer's shard)."""
+    raw = (os.environ.get("RAWFLUX_AG_DIRECTION") or "push").strip().lower()
+    if raw not in ("push", "pull"):
+        raise ValueError(f"RAWFLUX_AG_DIRECTION must be 'push' or 'pull', got {raw!r}")
+    return raw
+
+
+def ag_copy() -> str:
+    """RAWFLUX_AG_COPY: default copy path of rawflux.ag_gemm, 'ce' (copy engine, default) or 'sm'
+    (a copy kernel on a few SMs, the GEMM on the rest)."""
+    raw = (os.environ.get("RAWFLUX_AG_COPY") or "ce").strip().lower()
+    if raw not in ("ce", "sm"):
+        raise ValueError(f"RAWFLUX_AG_COPY must be 'ce' or 'sm', got {raw!r}")
+    return raw
+
+
+def ag_copy_sms() -> int | None:
+    """RAWFLUX_AG_COPY_SMS: SMs the 'sm' copy path of rawflux.ag_gemm takes from the GEMM
+    (default: min(16, SMs // 4))."""
+    raw = os.environ.get("RAWFLUX_AG_COPY_SMS")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        val = int(raw)
+    except ValueError:
+        raise ValueError(f"RAWFLUX_AG_COPY_SMS must be a positive integer, got {raw!r}") from None
+    if val < 1:
+        raise ValueError(f"RAWFLUX_AG_COPY_SMS must be a positive integer, got {raw!r}")
+    return val
+
+
+# --- fused GEMM-ReduceScatter switches (rawflux.ops.gemm_rs) ------------------------------------
+
+
+def rs_reduce_ctas() -> int | None:
+    """RAWFLUX_RS_REDUCE_CTAS: CTAs of rawflux.gemm_rs's reduce kernel, the SMs it takes from the
+    GEMM (default: about 1/8 of the SMs)."""
+    raw = os.environ.get("RAWFLUX_RS_REDUCE_CTAS")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        val = int(raw)
+    except ValueError:
+        raise ValueError(f"RAWFLUX_RS_REDUCE_CTAS must be a positive integer, got {raw!r}") from None
+    if val < 1:
+        raise ValueError(f"RAWFLUX_RS_REDUCE_CTAS must be a positive integer, got {raw!r}")
+    return val

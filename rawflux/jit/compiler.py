@@ -132,31 +132,46 @@ def cache_key(source: str, name_expressions: tuple[str, ...], options: tuple[str
 
 
 _RES_FUNC = re.compile(r"Compiling entry function '([^']+)'")
+_RES_PROPS = re.compile(r"Function properties for (\S+)")
 _RES_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _RES_REGS = re.compile(r"Used (\d+) registers")
 _RES_SMEM = re.compile(r"(\d+) bytes smem")
+_RES_CUMSTACK = re.compile(r"(\d+) bytes cumulative stack size")
 
 
 def parse_resources(log: str) -> dict[str, dict]:
-    """Per entry function: registers, stack frame and spill bytes, from ptxas -v output."""
+    """Per entry function: registers, stack (own frame, or the cumulative stack with callees if
+    larger), spill bytes and static smem, from ptxas -v output. "Function properties" blocks of
+    non-entry (noinline device) functions are not attributed to any entry."""
     out: dict[str, dict] = {}
-    current = None
+    current = None  # the entry whose "Used N registers" line comes next
+    props = None  # where the next "stack frame" line belongs (None: a non-entry function)
     for line in log.splitlines():
         m = _RES_FUNC.search(line)
         if m:
             current = out.setdefault(m.group(1), {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0})
+            props = current
             continue
-        if current is None:
+        m = _RES_PROPS.search(line)
+        if m:
+            props = out.get(m.group(1))
             continue
         m = _RES_FRAME.search(line)
         if m:
-            current["stack"], current["spill_stores"], current["spill_loads"] = map(int, m.groups())
+            if props is not None:
+                props["stack"], props["spill_stores"], props["spill_loads"] = map(int, m.groups())
+            continue
+        if current is None:
+            continue
         m = _RES_REGS.search(line)
         if m:
             current["registers"] = int(m.group(1))
-        m = _RES_SMEM.search(line)
-        if m:
-            current["smem"] = int(m.group(1))
+            m = _RES_SMEM.search(line)
+            if m:
+                current["smem"] = int(m.group(1))
+            m = _RES_CUMSTACK.search(line)
+            if m:
+                current["stack"] = max(current["stack"], int(m.group(1)))
     return out
 
 

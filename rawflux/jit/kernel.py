@@ -125,7 +125,7 @@ class Kernel:
 
         self.set_max_dynamic_smem(smem)
         if isinstance(stream, int):
-            stream = cupy.cuda.ExternalStream(stream)
+            stream = _external_stream(stream)
         self._function(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
 
     def launch_ex(self, grid, block, args, *, smem: int = 0, stream=None, cluster=(1, 1, 1)) -> None:
@@ -149,6 +149,27 @@ class Kernel:
         cfg.numAttrs = len(attrs)
         pack = _ParamPack(args)
         _drv_check(driver.cuLaunchKernelEx(cfg, driver.CUfunction(self.handle), pack.address, 0), f"launch of {self.symbol}")
+
+
+_external_streams: dict[int, object] = {}
+
+
+def _external_stream(handle: int):
+    """A CuPy view of a raw stream handle, made once per handle (making one per launch costs
+    host time and, in CuPy 14, a deprecation warning)."""
+    s = _external_streams.get(handle)
+    if s is None:
+        import warnings
+
+        import cupy
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = cupy.cuda.ExternalStream(handle)
+        if len(_external_streams) > 256:  # streams come and go; keep the table small
+            _external_streams.clear()
+        _external_streams[handle] = s
+    return s
 
 
 def _dim3(x) -> tuple[int, int, int]:

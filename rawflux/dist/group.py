@@ -1,0 +1,449 @@
+"""The tensor-parallel group: MPI ranks of one node, each bound to a GPU, sharing memory by CUDA IPC.
+
+``init(comm=None) -> Group`` (collective; idempotent per communicator) builds it:
+
+1. topology: rank, world, node-local rank (``comm.Split_type(MPI.COMM_TYPE_SHARED)``); a group
+   spanning several nodes is refused with a clear error (IPC needs one node).
+2. device: ``RAWFLUX_DEVICE`` / ``init(device=)`` if given, else local rank % visible devices
+   (for a group that leaves out some of the node's processes, the launcher's node-local rank
+   instead, so several groups on one node do not all start at device 0). Several ranks on one device is allowed: the emulated node.
+3. peer access: GPUs are compared by PCI bus id; for every peer on another GPU,
+   cudaDeviceCanAccessPeer then cudaDeviceEnablePeerAccess (already enabled is fine); the same
+   GPU needs nothing. ``peer_access`` is True only if every rank reaches every peer.
+4. control state: a host-mapped Status record, a symmetric control buffer (abort word, barrier
+   epoch and flags), and a GroupCtrl struct in device memory that kernels receive by pointer.
+
+Every step that can fail on one rank only is agreed across ranks (``collective_try``), so a
+failure raises the same DistError on every rank instead of leaving the others in a collective.
+
+Teardown (``Group.close()``, ``finalize()``, and at interpreter exit): device sync, device
+barrier (bounded), sync, bounded MPI barrier, close peers' IPC mappings, free own buffers, free
+the status record. Safe to call twice. If neither barrier completes (a peer died), own buffers
+are leaked rather than freed under a peer that may still map them.
+"""
+from __future__ import annotations
+
+import atexit
+import struct
+import sys
+import threading
+
+from .. import env
+from . import topology
+from ._backend import cuda_backend
+from .layout import (CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATUS_BYTES, StatusRecord, decode_ctrl,
+                     pack_group_ctrl)
+from .symm import SymmetricBuffer, allocate, close_mappings, collective_try, free_local
+from .topology import DistError
+
+
+class CollectiveTimeout(DistError):
+    """A device-side wait gave up: a peer did not arrive in time, or the group was aborted.
+    ``.record`` holds the decoded Status (op, call_id, peer, late_ranks, ...)."""
+
+    def __init__(self, message: str, record: StatusRecord | None = None):
+        super().__init__(message)
+        self.record = record
+
+
+_TEARDOWN_HOST_BARRIER_S = 30.0
+
+
+class Group:
+    """See the module docstring. Fields: comm, rank, world, local_rank, device_id, peer_access."""
+
+    def __init__(self, comm, *, device: int | None = None, timeout_s: float | None = None, backend=None,
+                 split=topology.node_split):
+        self.comm = comm
+        self._backend = backend if backend is not None else cuda_backend()
+        self._closed = False
+        self._buffers: list[SymmetricBuffer] = []
+        self._nccl = None
+        self._status_host = 0
+        self._status_dev = 0
+        self._group_ctrl = 0
+        self.ctrl: SymmetricBuffer | None = None
+        self._mpi = comm.Dup()  # private traffic never mixes with the caller's messages
+        try:
+            self._setup(device, timeout_s, split)
+        except BaseException:
+            self._release_local(free=True)
+            self._closed = True
+            try:
+                self._mpi.Free()
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+
+    # --- formation ----------------------------------------------------------------------------
+    def _setup(self, device, timeout_s, split):
+        be = self._backend
+        topo = topology.form(self._mpi, split=split)
+        self.rank, self.world = topo.rank, topo.world
+        self.local_rank, self.local_world, self.hostname = topo.local_rank, topo.local_world, topo.hostname
+        forced = device if device is not None else env.device_override()
+        # Bind by the rank in this group's node split; only when the group leaves out some of
+        # the node's processes (several groups per node) by the launcher's node-local rank.
+        launcher = env.launcher_local()
+        binding_rank = launcher[0] if launcher is not None and launcher[1] > self.local_world else self.local_rank
+
+        def bind():
+            dev = topology.choose_device(binding_rank, be.device_count(), forced)
+            be.use_device(dev)
+            return dev, be.pci_bus_id(dev)
+
+        bound = collective_try(self._mpi, bind, "device binding")
+        self.device_id = bound[self.rank][0]
+        self.bus_ids = [b for _, b in bound]
+        self.same_device = topology.peer_map(self.bus_ids, self.rank)
+
+        def peers():
+            problems = []
+            with be.device_scope(self.device_id):
+                for q, bus in enumerate(self.bus_ids):
+                    if self.same_device[q]:
+                        continue  # same GPU (emulated node): IPC maps it, no peer access needed
+                    pdev = be.device_by_pci_bus_id(bus)
+                    if pdev is None:
+                        problems.append(f"rank {q}'s GPU {bus} is not visible to rank {self.rank}")
+                    elif not be.can_access_peer(self.device_id, pdev):
+                        problems.append(f"rank {self.rank}'s GPU {self.bus_ids[self.rank]} cannot access rank {q}'s GPU {bus} (no P2P)")
+                    else:
+                        be.enable_peer_access(pdev)
+            return problems
+
+        problems = collective_try(self._mpi, peers, "peer access")
+        self.peer_problems = [p for ps in problems for p in ps]
+        self.peer_access = not self.peer_problems
+        self._timeout_s = float(timeout_s if timeout_s is not None else env.wait_timeout_s())
+        if self._timeout_s <= 0:
+            raise DistError(f"the wait timeout must be positive, got {self._timeout_s} s")
+        if not self.peer_access:
+            return  # a group without P2P can still use nccl(); symmetric()/barrier() explain why not
+
+        def status():
+            with be.device_scope(self.device_id):
+                self._status_host, self._status_dev = be.host_alloc_mapped(STATUS_BYTES)
+
+        collective_try(self._mpi, status, "host-mapped status allocation")
+        with be.device_scope(self.device_id):
+            self.ctrl = allocate(self, CTRL_BYTES, "rawflux.ctrl")
+            self._buffers.append(self.ctrl)
+
+        def ctrl():
+            with be.device_scope(self.device_id):
+                self._group_ctrl = be.malloc(GROUP_CTRL_BYTES)
+                be.memcpy_htod(self._group_ctrl, pack_group_ctrl(
+                    self._timeout_ns(), self._status_dev, self.ctrl.peer_table_ptr, self.rank, self.world))
+                be.prepare_barrier(self.device_id)
+
+        collective_try(self._mpi, ctrl, "group control setup (barrier kernel compile/load)")
+
+    def _timeout_ns(self) -> int:
+        return int(self._timeout_s * 1e9)
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    @property
+    def group_ctrl_ptr(self) -> int:
+        """Device pointer to this rank's GroupCtrl (comm/ctrl.cuh): the one argument fused
+        kernels need to make bounded waits (make_wait_ctx) and to find the control buffers."""
+        self._check_usable()
+        return self._group_ctrl
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"device {getattr(self, 'device_id', '?')}"
+        return f"<rawflux Group rank {getattr(self, 'rank', '?')}/{getattr(self, 'world', '?')} {state}>"
+
+    def _check_open(self):
+        if self._closed:
+            raise DistError("this group is closed (rawflux.finalize() or Group.close() ran); call rawflux.init() again")
+
+    def _check_usable(self):
+        self._check_open()
+        if not self.peer_access:
+            raise DistError(
+                "symmetric memory and device-side barriers need peer access between all GPUs of the group: "
+                + "; ".join(self.peer_problems)
+            )
+
+    # --- configuration --------------------------------------------------------------------------
+    def set_timeout(self, seconds: float) -> None:
+        """Bound on every device-side wait of this group, from now on (kernels read it from
+        device memory, so graphs captured earlier follow too). Not collective; give every rank
+        the same value. Synchronous; not inside a graph capture."""
+        self._check_usable()
+        if not seconds > 0:
+            raise ValueError(f"timeout must be positive, got {seconds}")
+        self._timeout_s = float(seconds)
+        with self._backend.device_scope(self.device_id):
+            self._backend.memcpy_htod(self._group_ctrl, struct.pack("<Q", self._timeout_ns()))
+
+    # --- memory ---------------------------------------------------------------------------------
+    def symmetric(self, nbytes: int, name: str) -> SymmetricBuffer:
+        """Collective: ``nbytes`` of zeroed device memory on every rank, mapped into every peer
+        (rawflux.dist.symm). Every rank must ask for the same size and name, in the same order."""
+        self._check_usable()
+        with self._backend.device_scope(self.device_id):
+            buf = allocate(self, nbytes, name)
+        self._buffers.append(buf)
+        return buf
+
+    def signal_buffer(self, n_flags: int, name: str) -> SymmetricBuffer:
+        """Collective: a symmetric array of ``n_flags`` u32 flags, zeroed (comm/signal.cuh)."""
+        n = int(n_flags)
+        if n <= 0:
+            raise ValueError(f"signal_buffer '{name}' needs at least one flag, got {n_flags}")
+        return self.symmetric(4 * n, name)
+
+    def free_symmetric(self, buf: SymmetricBuffer) -> None:
+        """Collective: free a symmetric buffer before the group closes (device sync and device
+        barrier first, so no peer still uses it)."""
+        self._check_usable()
+        if buf not in self._buffers:
+            raise DistError(f"symmetric buffer '{buf.name}' does not belong to this group (or was freed)")
+        be = self._backend
+        with be.device_scope(self.device_id):
+            be.synchronize()
+            be.launch_barrier(self._group_ctrl, self.world, self.device_id, None)
+            be.synchronize()
+            self.raise_if_failed()
+            close_mappings(be, buf)
+            topology.agree(self._mpi, buf.name, "which symmetric buffer to free")  # peers unmapped it too
+            free_local(be, buf)
+        self._buffers.remove(buf)
+
+    # --- synchronisation ------------------------------------------------------------------------
+    def barrier(self, stream=None) -> None:
+        """Device-side barrier across the group on ``stream`` (default: CuPy's current stream).
+        No host synchronisation, capturable in a CUDA graph, bounded by the group's timeout; a
+        timeout shows up at ``synchronize()`` / ``raise_if_failed()`` as CollectiveTimeout."""
+        self._check_usable()
+        be = self._backend
+        with be.device_scope(self.device_id):
+            be.launch_barrier(self._group_ctrl, self.world, self.device_id, stream)
+
+    @property
+    def status(self) -> StatusRecord:
+        """This rank's error record, read from host-mapped memory (no device synchronisation)."""
+        self._check_usable()
+        return StatusRecord.from_bytes(self._backend.read_host(self._status_host, STATUS_BYTES))
+
+    def raise_if_failed(self) -> None:
+        """Raise CollectiveTimeout if any device-side wait of this rank gave up. The record is
+        sticky: once a wait failed, the group stays failed (make a new one)."""
+        rec = self.status
+        if rec.failed:
+            raise CollectiveTimeout(rec.message(), rec)
+
+    def synchronize(self, stream=None) -> None:
+        """Wait for ``stream`` (default: CuPy's current stream), then raise_if_failed()."""
+        self._check_usable()
+        with self._backend.device_scope(self.device_id):
+            self._backend.stream_synchronize(stream)
+        self.raise_if_failed()
+
+    def ctrl_state(self) -> dict:
+        """Abort word, barrier epoch and arrival flags of this rank (synchronous copy; call after
+        synchronize() for a settled view). For tests and debugging."""
+        self._check_usable()
+        with self._backend.device_scope(self.device_id):
+            raw = self._backend.memcpy_dtoh(self.ctrl.ptr, CTRL_BYTES)
+        assert CTRL_FLAGS + 4 * self.world <= len(raw)
+        return decode_ctrl(raw, self.world)
+
+    # --- NCCL -----------------------------------------------------------------------------------
+    def nccl(self):
+        """A cupy.cuda.nccl.NcclCommunicator over this group, built on first use (collective the
+        first time: rank 0's unique id is broadcast over MPI)."""
+        self._check_open()
+        if self._nccl is None:
+            def make_uid():
+                from cupy.cuda import nccl
+
+                return nccl.get_unique_id() if self.rank == 0 else None
+
+            uid = collective_try(self._mpi, make_uid, "NCCL unique id (cupy.cuda.nccl)")[0]
+
+            def make_comm():
+                from cupy.cuda import nccl
+
+                with self._backend.device_scope(self.device_id):
+                    return nccl.NcclCommunicator(self.world, uid, self.rank)
+
+            try:
+                self._nccl = make_comm()
+            except Exception as e:
+                shared = sum(self.same_device) > 1
+                hint = (" (several ranks share one GPU here, the emulated node; NCCL may refuse that: "
+                        "use one GPU per rank for NCCL baselines)") if shared else ""
+                raise DistError(f"NCCL communicator setup failed on rank {self.rank}: {e}{hint}") from e
+        return self._nccl
+
+    # --- teardown ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective teardown (see the module docstring). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        be = self._backend
+        warnings = []
+
+        def step(what, fn):
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - teardown goes on; reported below
+                warnings.append(f"{what}: {type(e).__name__}: {e}")
+                return None
+
+        device_ok = False
+        with _quiet_scope(be, getattr(self, "device_id", None)):
+            step("device synchronize", be.synchronize)
+            if self._nccl is not None:
+                step("NCCL communicator destroy", self._nccl.destroy)
+                self._nccl = None
+            if self._group_ctrl and self.peer_access:
+                failed_before = step("status read", lambda: self.status_unchecked().failed)
+                step("teardown device barrier", lambda: be.launch_barrier(self._group_ctrl, self.world, self.device_id, None))
+                step("device synchronize", be.synchronize)
+                rec = step("status read", self.status_unchecked)
+                device_ok = failed_before is False and rec is not None and not rec.failed
+        host_ok = step("teardown MPI barrier", lambda: topology.bounded_barrier(self._mpi, _TEARDOWN_HOST_BARRIER_S))
+        safe = device_ok or bool(host_ok)
+        with _quiet_scope(be, getattr(self, "device_id", None)):
+            self._release_local(free=safe, step=step)
+        if not safe:
+            warnings.append("no peer confirmed it was done with this rank's symmetric buffers: they are leaked, not freed")
+        if host_ok:
+            step("communicator free", self._mpi.Free)
+        _forget(self)
+        if warnings:
+            print(f"[rawflux.dist] rank {getattr(self, 'rank', '?')}: teardown: " + "; ".join(warnings), file=sys.stderr, flush=True)
+
+    def status_unchecked(self) -> StatusRecord:
+        return StatusRecord.from_bytes(self._backend.read_host(self._status_host, STATUS_BYTES))
+
+    def _release_local(self, free: bool, step=None):
+        be = self._backend
+        step = step or (lambda what, fn: fn())
+        for buf in reversed(self._buffers):  # every mapping of a peer's memory first ...
+            step(f"close IPC mappings of '{buf.name}'", lambda b=buf: close_mappings(be, b))
+        if not free:
+            return
+        for buf in reversed(self._buffers):  # ... then this rank's own memory
+            step(f"free '{buf.name}'", lambda b=buf: free_local(be, b))
+        self._buffers.clear()
+        if self._group_ctrl:
+            step("free GroupCtrl", lambda: be.free(self._group_ctrl))
+            self._group_ctrl = 0
+        if self._status_host:
+            step("free status record", lambda: be.free_host(self._status_host))
+            self._status_host = self._status_dev = 0
+
+
+class _quiet_scope:
+    """device_scope that tolerates a broken context during teardown."""
+
+    def __init__(self, be, dev):
+        self._cm = None
+        if dev is None:
+            return
+        try:
+            self._cm = be.device_scope(dev)
+        except Exception:  # noqa: BLE001
+            self._cm = None
+
+    def __enter__(self):
+        if self._cm is not None:
+            try:
+                self._cm.__enter__()
+            except Exception:  # noqa: BLE001
+                self._cm = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._cm is not None:
+            try:
+                self._cm.__exit__(*exc)
+            except Exception:  # noqa: BLE001
+                pass
+        return False
+
+
+# --- process-wide registry ----------------------------------------------------------------------
+_lock = threading.RLock()
+_groups: dict[int, Group] = {}
+_current: Group | None = None
+_atexit_registered = False
+
+
+def _comm_key(comm) -> int:
+    from mpi4py import MPI
+
+    return int(MPI._handleof(comm))
+
+
+def init(comm=None, *, device: int | None = None, timeout_s: float | None = None, backend=None,
+         split=None) -> Group:
+    """Build (collectively) or return the group for ``comm`` (default MPI.COMM_WORLD). A second
+    call with the same communicator returns the same Group. ``device`` forces the CUDA ordinal
+    (else RAWFLUX_DEVICE, else local rank % visible devices); ``timeout_s`` bounds device-side
+    waits (else RAWFLUX_WAIT_TIMEOUT_S). ``backend``/``split`` are for tests."""
+    global _current, _atexit_registered
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    key = _comm_key(comm)
+    with _lock:
+        g = _groups.get(key)
+        if g is not None and not g.closed:
+            _current = g
+            return g
+        g = Group(comm, device=device, timeout_s=timeout_s, backend=backend,
+                  split=split if split is not None else topology.node_split)
+        _groups[key] = g
+        _current = g
+        if not _atexit_registered:
+            # Registered after mpi4py's import, so it runs before MPI is finalized at exit.
+            atexit.register(finalize)
+            _atexit_registered = True
+        return g
+
+
+def current_group() -> Group:
+    """The group made by the latest init() that is still open."""
+    with _lock:
+        if _current is None or _current.closed:
+            raise DistError("no rawflux group: call rawflux.init() (or rawflux.dist.init()) first")
+        return _current
+
+
+def groups() -> list[Group]:
+    with _lock:
+        return [g for g in _groups.values() if not g.closed]
+
+
+def finalize() -> None:
+    """Close every group, newest first (collective). Safe to call twice; runs at exit."""
+    with _lock:
+        pending = list(_groups.values())
+    for g in reversed(pending):
+        g.close()
+
+
+def _forget(g: Group) -> None:
+    global _current
+    with _lock:
+        for k, v in list(_groups.items()):
+            if v is g:
+                del _groups[k]
+        if _current is g:
+            live = [v for v in _groups.values() if not v.closed]
+            _current = live[-1] if live else None

@@ -1,0 +1,168 @@
+"""Symmetric buffers: one allocation of the same size on every rank, each mapped into every peer.
+
+``Group.symmetric(nbytes, name)`` is collective. Every rank allocates ``nbytes`` with a plain
+cudaMalloc (never CuPy's pool: an IPC handle describes a whole allocation and the pool
+sub-allocates), zeroes it, exports it with cudaIpcGetMemHandle, and all handles are exchanged in
+one ``allgather``, together with each rank's (nbytes, name), so that mismatched calls fail on
+every rank with one clear error instead of corrupting memory. Each rank then opens every peer's
+handle (cudaIpcOpenMemHandle; its own entry is its own pointer). Two ranks on one GPU (the
+emulated node under MPS) work the same way: opening a handle exported by another process on the
+same device maps the same memory.
+
+``peer_ptrs[q]`` is rank q's buffer as mapped in this process; ``peer_ptrs_dev`` is the same
+table in device memory (u64[world]) for kernels: ``peer_ptr<T>(table, q, offset)`` in
+cuda_src/rawflux/comm/signal.cuh.
+
+Reusing a peer-visible buffer (DESIGN hazard 3)
+-----------------------------------------------
+A rank's buffer may be read or written by peers at any time between the moment they learn it is
+ready and the moment they are done with it, and nothing on the writing rank sees that moment by
+itself. So, between two calls that use the same buffer:
+
+* Never overwrite data a peer may still read, and never zero or reset a flag a peer may still
+  wait on, until every peer has said it is done. Two ways, both capturable in a CUDA graph:
+  1. a device-side barrier (``Group.barrier(stream)``) on the op's stream before the next
+     writes: after it, every peer has finished the kernels it issued before its own barrier
+     call, reads of the old data included;
+  2. flags that carry a call counter that only grows (``flag >= call_id``, wrap-safe): a flag
+     is never reset, so a stale value from the previous call can never satisfy the next wait;
+     the data may still only be overwritten once the readers signalled (a "done" flag per peer,
+     or the barrier of 1.).
+* A producer publishes data, then the flag, with a release (``signal_set``), and a consumer
+  reads the flag with an acquire (``wait_flag_geq``) before the data (comm/signal.cuh,
+  comm/wait.cuh). TMA stores must be complete before the release.
+* Memory is freed only at ``Group.close()`` / ``free_symmetric()``, after a barrier: a peer may
+  hold a mapping until then. A captured graph that uses a buffer must not outlive it.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from .topology import DistError, check_symmetric_requests
+
+
+@dataclass(eq=False)
+class SymmetricBuffer:
+    """One rank's view of a symmetric allocation. Valid until the group closes or
+    ``Group.free_symmetric(buf)``."""
+
+    name: str
+    nbytes: int
+    ptr: int  # this rank's buffer
+    peer_ptrs: list[int]  # rank q's buffer, mapped into this process (own rank: ptr)
+    peer_table_ptr: int  # device u64[world] holding peer_ptrs
+    peer_ptrs_dev: object  # CuPy u64[world] view of the table (kernels take .data.ptr)
+    rank: int
+    world: int
+    device_id: int
+    _imported: list[int] = field(default_factory=list, repr=False)  # IPC mappings to close
+    closed: bool = False
+
+    def view(self, dtype="uint8", count: int | None = None):
+        """A CuPy array over this rank's buffer (no copy)."""
+        return self.peer_view(self.rank, dtype, count)
+
+    def peer_view(self, q: int, dtype="uint8", count: int | None = None):
+        """A CuPy array over rank q's buffer as mapped here (for copies and tests)."""
+        import cupy
+
+        if self.closed:
+            raise DistError(f"symmetric buffer '{self.name}' was freed")
+        dt = cupy.dtype(dtype)
+        n = self.nbytes // dt.itemsize if count is None else int(count)
+        if n * dt.itemsize > self.nbytes:
+            raise ValueError(f"{n} x {dt} does not fit in symmetric buffer '{self.name}' ({self.nbytes} bytes)")
+        mem = cupy.cuda.UnownedMemory(self.peer_ptrs[q], self.nbytes, self, self.device_id)
+        return cupy.ndarray((n,), dtype=dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def collective_try(mpi, fn, what: str):
+    """Run ``fn()`` on every rank and gather the results; if it raised on any rank, raise one
+    DistError on every rank naming them (so no rank is left waiting in the next collective)."""
+    try:
+        val, err = fn(), None
+    except Exception as e:  # noqa: BLE001 - reported to every rank below
+        val, err = None, f"{type(e).__name__}: {e}"
+    gathered = mpi.allgather((val, err))
+    bad = [(q, e) for q, (_, e) in enumerate(gathered) if e is not None]
+    if bad:
+        raise DistError(f"{what} failed on rank(s) {[q for q, _ in bad]}: " + "; ".join(f"rank {q}: {e}" for q, e in bad))
+    return [v for v, _ in gathered]
+
+
+def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
+    """Collective over ``group``; see the module docstring."""
+    be = group._backend
+    rank, world = group.rank, group.world
+    nbytes = int(nbytes)
+    name = str(name)
+    ptr = 0
+    handle = err = None
+    if nbytes > 0:
+        try:
+            ptr = be.malloc(nbytes)
+            be.memset(ptr, 0, nbytes)  # synchronous: zero before any peer can map and write it
+            handle = be.ipc_get(ptr)
+        except Exception as e:  # noqa: BLE001 - reported to every rank below
+            err = f"{type(e).__name__}: {e}"
+    # One allgather carries the request (for the check) and the handle.
+    gathered = group._mpi.allgather((nbytes, name, handle, err))
+    try:
+        check_symmetric_requests([(n, nm) for n, nm, _, _ in gathered], rank)
+        bad = [(q, e) for q, (_, _, _, e) in enumerate(gathered) if e is not None]
+        if bad:
+            raise DistError(
+                f"symmetric buffer '{name}' ({nbytes} bytes): allocation failed on rank(s) "
+                f"{[q for q, _ in bad]}: " + "; ".join(f"rank {q}: {e}" for q, e in bad)
+            )
+    except Exception:
+        if ptr:
+            be.free(ptr)
+        raise
+
+    imported: list[int] = []
+    table = 0
+
+    def open_all():
+        nonlocal table
+        peers = []
+        for q, (_, _, h, _) in enumerate(gathered):
+            if q == rank:
+                peers.append(ptr)
+            else:
+                p = be.ipc_open(h)
+                imported.append(p)
+                peers.append(p)
+        table = be.malloc(8 * world)
+        be.memcpy_htod(table, struct.pack(f"<{world}Q", *peers))
+        return peers
+
+    try:
+        peer_ptrs = collective_try(group._mpi, open_all, f"mapping symmetric buffer '{name}' (cudaIpcOpenMemHandle)")[rank]
+    except Exception:
+        for p in imported:
+            be.ipc_close(p)
+        if table:
+            be.free(table)
+        be.free(ptr)
+        raise
+    table_dev = be.device_u64_array(table, world, group.device_id)
+    return SymmetricBuffer(name, nbytes, ptr, list(peer_ptrs), table, table_dev, rank, world, group.device_id, imported)
+
+
+def close_mappings(be, buf: SymmetricBuffer) -> None:
+    """Unmap the peers' buffers (local; only once no kernel of this rank uses them)."""
+    while buf._imported:
+        be.ipc_close(buf._imported.pop())
+
+
+def free_local(be, buf: SymmetricBuffer) -> None:
+    """Free this rank's allocation and table (only once no peer maps it any more)."""
+    if buf.closed:
+        return
+    buf.closed = True
+    if buf.peer_table_ptr:
+        be.free(buf.peer_table_ptr)
+    if buf.ptr:
+        be.free(buf.ptr)

@@ -1,0 +1,133 @@
+"""The MPI side of group formation, with no CUDA: node layout, device choice, agreement checks.
+
+Everything here takes an mpi4py communicator (or plain values) and nothing else, so the CPU tests
+(tests/mpi/test_dist_cpu.py under mpirun) cover it on a machine with no GPU.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from .layout import MAX_WORLD
+
+
+class DistError(RuntimeError):
+    """A group cannot be formed or used as asked (topology, devices, mismatched calls)."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    world: int
+    local_rank: int  # rank among this communicator's processes on this node
+    local_world: int
+    hostname: str
+
+
+def node_split(comm):
+    """The default node split: processes that can share memory (MPI.COMM_TYPE_SHARED)."""
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
+def form(comm, *, split=node_split) -> Topology:
+    """Rank, world and node-local rank of this process in ``comm``; raises DistError (on every
+    rank alike) when the group spans more than one node or exceeds MAX_WORLD ranks.
+    Collective over ``comm``."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    node = split(comm)
+    try:
+        local_rank, local_world = node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+    host = socket.gethostname()
+    # Every rank sees every rank's node size, so all raise the same error or none does.
+    layout = comm.allgather((local_world, host))
+    if any(lw != world for lw, _ in layout):
+        hosts: dict[str, list[int]] = {}
+        for q, (_, h) in enumerate(layout):
+            hosts.setdefault(h, []).append(q)
+        raise DistError(
+            f"the tensor-parallel group has {world} ranks but only {local_world} of them share a node "
+            f"with rank {rank} (hosts: {hosts}); rawflux maps peers' memory with CUDA IPC, so a TP group "
+            f"must lie within one node. Build it from a node-local communicator, e.g. "
+            f"MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)"
+        )
+    if world > MAX_WORLD:
+        raise DistError(f"a group of {world} ranks exceeds rawflux's limit of {MAX_WORLD} ranks per node")
+    return Topology(rank, world, local_rank, local_world, host)
+
+
+def choose_device(binding_rank: int, visible: int, forced: int | None = None) -> int:
+    """The CUDA ordinal this process uses: ``forced`` (RAWFLUX_DEVICE / init(device=)) if given,
+    else binding_rank % visible. Several ranks on one device is allowed (the emulated node)."""
+    if visible <= 0:
+        raise DistError(
+            "no CUDA device is visible to this process (check CUDA_VISIBLE_DEVICES and the driver)"
+        )
+    if forced is not None:
+        if not 0 <= forced < visible:
+            raise DistError(
+                f"device {forced} was requested (RAWFLUX_DEVICE or init(device=)) but only {visible} "
+                f"device(s) are visible (ordinals 0..{visible - 1}, as numbered under CUDA_VISIBLE_DEVICES)"
+            )
+        return forced
+    return binding_rank % visible
+
+
+def agree(comm, value, what: str):
+    """Check that every rank passed the same ``value``; raise DistError on every rank naming
+    which ranks differ. Returns the value. Collective."""
+    values = comm.allgather(value)
+    ref = values[0]
+    if any(v != ref for v in values):
+        groups: dict[str, list[int]] = {}
+        for q, v in enumerate(values):
+            groups.setdefault(repr(v), []).append(q)
+        detail = "; ".join(f"ranks {ranks}: {v}" for v, ranks in groups.items())
+        raise DistError(f"ranks disagree on {what} ({detail}); every rank must make the same call")
+    return ref
+
+
+def check_symmetric_requests(requests: list[tuple[int, str]], rank: int) -> None:
+    """requests[q] = (nbytes, name) rank q asked for in one symmetric() call. Raises DistError
+    (the same one on every rank) unless all are equal and positive."""
+    nbytes, name = requests[rank]
+    if any(r != requests[0] for r in requests):
+        detail = "; ".join(f"rank {q}: {n} bytes '{nm}'" for q, (n, nm) in enumerate(requests))
+        raise DistError(
+            f"symmetric buffer requests differ across ranks ({detail}); every rank must allocate the "
+            f"same symmetric buffers, in the same order, with the same size"
+        )
+    if nbytes <= 0:
+        raise DistError(f"symmetric buffer '{name}' needs a positive size, got {nbytes} bytes")
+
+
+def peer_map(bus_ids: list[str], rank: int) -> list[bool]:
+    """same_device[q]: rank q uses the same physical GPU as this rank (PCI bus ids compared, so
+    differing CUDA_VISIBLE_DEVICES across ranks do not matter)."""
+    mine = bus_ids[rank].lower()
+    return [b.lower() == mine for b in bus_ids]
+
+
+_abandoned: list = []
+
+
+def bounded_barrier(comm, timeout_s: float) -> bool:
+    """MPI barrier that gives up after timeout_s (True if all ranks arrived). For teardown, where
+    a dead peer must not hang the interpreter's exit."""
+    import time
+
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        return False
+    req = comm.Ibarrier()
+    deadline = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > deadline:
+            _abandoned.append(req)  # a collective cannot be cancelled; keep it from being freed
+            return False
+        time.sleep(0.001)
+    return True
