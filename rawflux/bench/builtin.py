@@ -1,0 +1,232 @@
+"""The impls the harness times today: the non-overlapped baselines (NCCL and ipc collectives), the
+GEMM alone (CuPy, torch), the communication alone (the same collectives), the barrier, and the
+fused rawflux ops once the api exports them.
+
+Each factory gets a ``timing.Ctx`` and returns ``run(i)`` (enqueue one execution on
+``ctx.stream`` with input set i).
+"""
+from __future__ import annotations
+
+from .registry import Unavailable, register
+
+
+def _nccl(ctx):
+    try:
+        return ctx.group.nccl()
+    except Exception as e:  # noqa: BLE001  (no libnccl, or the communicator failed to form)
+        raise Unavailable(f"NCCL: {type(e).__name__}: {e}") from None
+
+
+def _empty(ctx, shape):
+    import cupy
+
+    with cupy.cuda.Device(ctx.group.device_id):
+        return cupy.empty(shape, ctx.dtype.np)
+
+
+# --------------------------------------------------------------------------------------------
+# non-overlapped baselines, one row per collective backend
+
+
+def _check_backend(ctx, backend):
+    from .. import baseline
+
+    if backend == "nccl":
+        if baseline.shares_gpu(ctx.group):
+            raise Unavailable("NCCL refuses several ranks on one GPU (the emulated node): see the ipc rows")
+        _nccl(ctx)
+    elif not getattr(ctx.group, "peer_access", True):
+        raise Unavailable("the ipc backend needs peer access between every pair of GPUs: " + "; ".join(getattr(ctx.group, "peer_problems", [])))
+
+
+def _nonoverlap(op, backend):
+    def factory(ctx):
+        from .. import baseline
+
+        _check_backend(ctx, backend)
+        fn = getattr(baseline, op)
+        out = _empty(ctx, ctx.problem.out_shape)
+        sets, group, stream = ctx.sets, ctx.group, ctx.stream
+        return lambda i: fn(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, backend=backend)
+
+    factory.__doc__ = f"rawflux.baseline.{op}(backend={backend!r}): the collective and cupy.matmul one after the other"
+    return factory
+
+
+for _op in ("ag_gemm", "gemm_rs"):
+    register(_op, "nccl+cublas", "nonoverlap", _nonoverlap(_op, "nccl"))
+    register(_op, "ipc+cublas", "nonoverlap", _nonoverlap(_op, "ipc"))
+
+
+# --------------------------------------------------------------------------------------------
+# fused rawflux ops (rows appear once rawflux exports ag_gemm / gemm_rs that are not the baseline)
+
+
+def _fused(op):
+    def factory(ctx):
+        import rawflux
+
+        from .. import baseline
+
+        fn = getattr(rawflux, op, None)
+        if fn is None or fn is getattr(baseline, op):
+            raise Unavailable(f"rawflux.{op} (fused) is not exported yet")
+        out = _empty(ctx, ctx.problem.out_shape)
+        sets, group, stream = ctx.sets, ctx.group, ctx.stream
+        fn(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream)  # compile / tune outside the timing
+        return lambda i: fn(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream)
+
+    factory.__doc__ = f"rawflux.{op}: communication fused into the GEMM"
+    return factory
+
+
+register("ag_gemm", "rawflux", "fused", _fused("ag_gemm"), gemm_ref="rawflux_gemm")
+register("gemm_rs", "rawflux", "fused", _fused("gemm_rs"), gemm_ref="rawflux_gemm")
+
+
+# --------------------------------------------------------------------------------------------
+# the GEMM alone: AG on the gathered A (m, k); RS the partial (m, n) from this rank's k slice
+
+
+def _gemm_a(ctx, i):
+    return ctx.sets[i]["a_full" if ctx.problem.op == "ag_gemm" else "a"]
+
+
+def _cupy_gemm(ctx):
+    """cupy.matmul (cuBLAS) on the local GEMM"""
+    import cupy
+
+    out = _empty(ctx, ctx.problem.gemm_out_shape)
+    stream = ctx.stream
+
+    def run(i):
+        with stream:
+            cupy.matmul(_gemm_a(ctx, i), ctx.sets[i]["b"].T, out=out)
+
+    return run
+
+
+def _torch_gemm(ctx):
+    """torch.matmul (cuBLAS / cuBLASLt) on the local GEMM"""
+    try:
+        import torch
+    except ImportError:
+        raise Unavailable("torch is not installed") from None
+    dev = torch.device("cuda", ctx.group.device_id)
+    tdt = getattr(torch, ctx.dtype.torch_name)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(ctx.seed)
+    p = ctx.problem
+    # torch's own fresh inputs (the same shapes and set count as the CuPy sets)
+    a_sets = [torch.randn(p.gemm_a_shape, generator=gen, device=dev, dtype=torch.float32).to(tdt) for _ in range(ctx.nsets)]
+    b_sets = [torch.randn(p.b_shape, generator=gen, device=dev, dtype=torch.float32).to(tdt) for _ in range(ctx.nsets)]
+    out = torch.empty(p.gemm_out_shape, device=dev, dtype=tdt)
+    tstream = torch.cuda.ExternalStream(int(ctx.stream.ptr), device=dev)
+    torch.cuda.synchronize(dev)
+
+    def run(i):
+        with torch.cuda.stream(tstream):
+            torch.matmul(a_sets[i], b_sets[i].t(), out=out)
+
+    return run
+
+
+for _op in ("ag_gemm", "gemm_rs"):
+    register(_op, "cupy.matmul", "gemm", _cupy_gemm)
+    register(_op, "torch.matmul", "gemm", _torch_gemm)
+
+
+# --------------------------------------------------------------------------------------------
+# the communication alone: the same bytes through the same collectives as the baselines
+
+
+def _all_gather(backend):
+    def factory(ctx):
+        from .. import baseline
+
+        _check_backend(ctx, backend)
+        out = _empty(ctx, ctx.problem.gemm_a_shape)
+        group, stream = ctx.group, int(ctx.stream.ptr)
+
+        def run(i):
+            with ctx.stream:
+                baseline.all_gather_cupy(group, ctx.sets[i]["a"], backend=backend, stream=stream, into=out)
+
+        return run
+
+    factory.__doc__ = f"all-gather of the A shards into (m, k), {backend} backend"
+    return factory
+
+
+def _reduce_scatter(backend):
+    def factory(ctx):
+        from .. import baseline
+
+        _check_backend(ctx, backend)
+        p = ctx.problem
+        out = _empty(ctx, p.out_shape)
+        group, stream, dt = ctx.group, int(ctx.stream.ptr), ctx.dtype.np
+
+        if backend == "ipc":
+            # The partial must sit in the symmetric buffer: put a random one there once, then
+            # reduce it every time (nothing writes it in between).
+            def fill(part):
+                part[...] = ctx.sets[0]["partial"]
+
+            with ctx.stream:
+                baseline.reduce_scatter_cupy(group, p.gemm_out_shape, dt, fill, backend=backend, stream=stream)
+
+            def run(i):
+                with ctx.stream:
+                    baseline.reduce_scatter_cupy(group, p.gemm_out_shape, dt, None, backend=backend, stream=stream)
+        else:
+            from ..baseline import NCCL_DTYPE, NCCL_SUM
+
+            comm, ndt = group.nccl(), NCCL_DTYPE[ctx.dtype]
+
+            def run(i):
+                comm.reduceScatter(ctx.sets[i]["partial"].data.ptr, out.data.ptr, out.size, ndt, NCCL_SUM, stream)
+
+        return run
+
+    factory.__doc__ = f"reduce-scatter (sum) of the (m, n) partials, {backend} backend"
+    return factory
+
+
+register("ag_gemm", "nccl_allgather", "comm", _all_gather("nccl"))
+register("ag_gemm", "ipc_allgather", "comm", _all_gather("ipc"))
+register("gemm_rs", "nccl_reduce_scatter", "comm", _reduce_scatter("nccl"))
+register("gemm_rs", "ipc_reduce_scatter", "comm", _reduce_scatter("ipc"))
+
+
+# --------------------------------------------------------------------------------------------
+# barrier latency (timed 20 at a time, reported per barrier)
+
+
+def _group_barrier(ctx):
+    """Group.barrier: rawflux's device-side barrier"""
+    barrier = getattr(ctx.group, "barrier", None)
+    if barrier is None:
+        raise Unavailable("the group has no barrier()")
+    stream = ctx.stream
+    barrier(stream)  # first use may compile / allocate: outside the timing
+    return lambda i: barrier(stream)
+
+
+def _nccl_allreduce_4b(ctx):
+    """NCCL all-reduce of one float: NCCL's smallest rendezvous, for comparison"""
+    import cupy
+
+    from ..baseline import NCCL_DTYPE, NCCL_SUM
+    from ..runtime import DType
+
+    _check_backend(ctx, "nccl")
+    comm = ctx.group.nccl()
+    with cupy.cuda.Device(ctx.group.device_id):
+        buf = cupy.zeros(1, cupy.float32)  # a token: its value never matters
+    dt, stream = NCCL_DTYPE[DType.F32], int(ctx.stream.ptr)
+    return lambda i: comm.allReduce(buf.data.ptr, buf.data.ptr, 1, dt, NCCL_SUM, stream)
+
+
+register("barrier", "group.barrier", "barrier", _group_barrier, inner=20)
+register("barrier", "nccl_allreduce_4B", "barrier", _nccl_allreduce_4b, inner=20)

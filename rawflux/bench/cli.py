@@ -1,0 +1,240 @@
+"""python -m rawflux.bench: time every registered impl of the chosen ops, under mpirun (one rank per
+GPU; or the emulated node, several ranks on one GPU, flagged ``emulated`` in the records).
+
+    rawflux-launch python -m rawflux.bench                       # paper shapes, all ops
+    mpirun -np 8 python -m rawflux.bench --op ag_gemm --shapes llama70b --m 2048,8192
+    mpirun -np 2 python -m rawflux.bench --quick --shapes "4096,8192,8192"
+
+Prints a table (rank 0) and writes one JSON file per run under --out-dir.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .problems import DEFAULT_M, PRESETS, QUICK_M, Problem, build_problems, parse_ints
+from .registry import Unavailable, impls
+from .report import bus_gbps, derive, format_table, now_iso, tflops, write_json
+
+OP_CHOICES = ("ag_gemm", "gemm_rs", "gemm", "barrier", "all")
+DEFAULT_ITERS, QUICK_ITERS = 50, 10
+DEFAULT_WARMUP, QUICK_WARMUP = 10, 3
+MIN_ITERS_FOR_RECORDS = 30  # DESIGN: median of >= 30; fewer is allowed only with --quick
+SET_BUDGET_FRACTION = 0.3  # of a rank's share of GPU memory, for rotating input sets
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m rawflux.bench", description="Time rawflux ops against their baselines (run under mpirun).")
+    ap.add_argument("--op", choices=OP_CHOICES, default="all",
+                    help="ag_gemm / gemm_rs: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; all (default)")
+    ap.add_argument("--shapes", default="paper",
+                    help=f"a preset ({', '.join(PRESETS)}; default paper) or shapes 'm,n,k' / 'n,k' separated by spaces or ';' "
+                         "(global sizes: ag_gemm splits n over ranks, gemm_rs splits k)")
+    ap.add_argument("--m", default=None, help=f"comma-separated m values (default {','.join(map(str, DEFAULT_M))}; --quick: {','.join(map(str, QUICK_M))})")
+    ap.add_argument("--dtype", default="bf16", help="comma-separated: bf16, f16, f32 (default bf16)")
+    ap.add_argument("--iters", type=int, default=None, help=f"timed iterations per row (default {DEFAULT_ITERS}; --quick: {QUICK_ITERS})")
+    ap.add_argument("--warmup", type=int, default=None, help=f"warm-up iterations (default {DEFAULT_WARMUP}; --quick: {QUICK_WARMUP})")
+    ap.add_argument("--impl", default=None, help="comma-separated impl names to run (default: all registered)")
+    ap.add_argument("--out-dir", default="benchmarks/results", help="where the JSON file goes (default benchmarks/results)")
+    ap.add_argument("--no-json", action="store_true", help="print only, write no file")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: one m, few iterations (records say quick)")
+    ap.add_argument("--delay-us", type=float, default=500.0,
+                    help="delay kernel before each timed region so launches queue ahead (default 500; 0: off)")
+    ap.add_argument("--no-align", action="store_true", help="no device barrier before each timed region")
+    ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh every run)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        args.m_list = parse_ints(args.m, "--m") if args.m else list(QUICK_M if args.quick else DEFAULT_M)
+        args.dtypes = [_dtype_tag(d) for d in args.dtype.split(",") if d.strip()]
+        args.impl_names = [x.strip() for x in args.impl.split(",") if x.strip()] if args.impl else None
+        if args.op not in ("barrier",):
+            build_problems(["ag_gemm"], args.shapes, args.m_list, args.dtypes, 1)  # validates --shapes
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
+    if not args.dtypes:
+        ap.error("--dtype: no dtype given")
+    args.iters = args.iters if args.iters is not None else (QUICK_ITERS if args.quick else DEFAULT_ITERS)
+    args.warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    if args.iters < 1 or args.warmup < 0:
+        ap.error("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < MIN_ITERS_FOR_RECORDS and not args.quick:
+        ap.error(f"--iters {args.iters}: the method takes the median of at least {MIN_ITERS_FOR_RECORDS} (use --quick for a smoke run)")
+    if args.delay_us < 0:
+        ap.error("--delay-us must be >= 0")
+    return args
+
+
+def _dtype_tag(name: str) -> str:
+    from ..runtime import DType
+
+    dt = DType.from_any(name.strip())
+    if dt not in (DType.BF16, DType.F16, DType.F32):
+        raise ValueError(f"--dtype {name}: the baselines take bf16, f16, f32")
+    return dt.tag
+
+
+def plan(op: str) -> list[tuple[str, set | None]]:
+    """(registry op, roles to run or None for all) for an --op choice."""
+    return {
+        "ag_gemm": [("ag_gemm", None)],
+        "gemm_rs": [("gemm_rs", None)],
+        "gemm": [("ag_gemm", {"gemm"}), ("gemm_rs", {"gemm"})],
+        "barrier": [("barrier", None)],
+        "all": [("ag_gemm", None), ("gemm_rs", None), ("barrier", None)],
+    }[op]
+
+
+def problems_for(op: str, args, world: int) -> list[Problem]:
+    if op == "barrier":
+        return [Problem("barrier", 0, 0, 0, "-", world, "barrier")]
+    return build_problems([op], args.shapes, args.m_list, args.dtypes, world)
+
+
+def make_record(p: Problem, impl, stats: dict, info, args, nsets: int, date: str) -> dict:
+    from ..runtime import DType
+
+    ms = stats["ms"]
+    rec = {
+        "op": p.op, "impl": impl.name, "role": impl.role, "label": p.label,
+        "world": p.world, "m": p.m, "n": p.n, "k": p.k, "dtype": p.dtype,
+        "ms": ms, "ms_rank_min": stats["ms_rank_min"], "ms_p10": stats["ms_p10"], "ms_p90": stats["ms_p90"],
+        "tflops": None, "gbps": None, "us": None,
+        "iters": args.iters, "warmup": args.warmup, "inner": impl.inner, "nsets": nsets,
+        "gpu": info.gpu, "driver": info.driver, "commit": info.commit, "date": date,
+        "emulated": info.emulated, "ranks_per_gpu": info.ranks_per_gpu, "host": info.host, "quick": bool(args.quick),
+        "gemm_ref": impl.gemm_ref, "speedup": None, "exposed_ms": None, "overlap_eff": None,
+    }
+    if impl.role in ("fused", "nonoverlap", "gemm"):
+        rec["tflops"] = tflops(p.flops_per_rank, ms)
+    elif impl.role == "comm":
+        rec["gbps"] = bus_gbps(p.comm_elems(), DType.from_any(p.dtype).itemsize, p.world, ms)
+    elif impl.role == "barrier":
+        rec["us"] = ms * 1e3
+    return rec
+
+
+def measure(ctx, impl, timer):
+    """Per-rank timing of one impl, agreed across ranks. Returns stats or a skip reason (str)."""
+    from mpi4py import MPI
+
+    from .timing import summarize
+
+    comm = ctx.group.comm
+    err = None
+    try:
+        run = impl.factory(ctx)
+    except Unavailable as e:
+        err = str(e)
+    except Exception as e:  # noqa: BLE001  (a broken impl skips its row; the others still run)
+        err = f"{type(e).__name__}: {e}"
+    errs = comm.allgather(err)
+    if any(errs):
+        return next(f"rank {r}: {e}" for r, e in enumerate(errs) if e)
+    try:
+        timer.warm(run, ctx.nsets, impl.inner)
+    except Exception as e:  # noqa: BLE001
+        err = f"{type(e).__name__}: {e}"
+    errs = comm.allgather(err)
+    if all(errs):  # raised on every rank (before any unmatched collective): skip cleanly
+        return f"rank 0: {errs[0]}"
+    if any(errs):  # some ranks queued collectives their peers never will: they would hang
+        bad = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errs) if e)
+        print(f"[rawflux.bench] {impl.op}/{impl.name} failed on some ranks only ({bad}): aborting", file=sys.stderr, flush=True)
+        comm.Abort(1)
+    timer.sync()
+    times = timer.time(run, ctx.nsets, impl.inner)
+    s = summarize(times)
+    return {
+        "ms": comm.allreduce(s["median"], op=MPI.MAX),
+        "ms_rank_min": comm.allreduce(s["median"], op=MPI.MIN),
+        "ms_p10": comm.allreduce(s["p10"], op=MPI.MAX),
+        "ms_p90": comm.allreduce(s["p90"], op=MPI.MAX),
+    }
+
+
+def init_group():
+    import rawflux
+
+    init = getattr(rawflux, "init", None)
+    if init is None:
+        from rawflux.dist import init
+    return init()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from . import builtin  # noqa: F401  (registers the built-in impls)
+    from .registry import OPS
+    from .timing import GpuSide
+
+    known = {i.name for op in OPS for i in impls(op)}
+    unknown = sorted(set(args.impl_names or ()) - known)
+    if unknown:
+        build_parser().error(f"--impl: no impl named {', '.join(unknown)} (registered: {', '.join(sorted(known))})")
+    group = init_group()
+    run(args, group, GpuSide(group, args), sys.argv if argv is None else list(argv))
+    return 0
+
+
+def run(args, group, side, argv) -> list[dict]:
+    """Time every chosen (problem, impl) on ``side`` (a timing.GpuSide, or a stand-in in tests);
+    rank 0 prints the table and writes the JSON file. Collective. Returns the records."""
+    from mpi4py import MPI
+
+    from ..runtime import DType
+    from .timing import Ctx, fresh_seed, plan_nsets, set_bytes
+
+    comm, rank, world = group.comm, group.rank, group.world
+    info = side.info
+    say = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+    say(f"rawflux.bench: {world} rank(s), {info.gpu}, driver {info.driver}, commit {info.commit}"
+        + (f", EMULATED ({info.ranks_per_gpu} ranks per GPU: times are not a real node's)" if info.emulated else ""))
+    base_seed = args.seed if args.seed is not None else comm.bcast(fresh_seed(0), root=0)
+    budget = int(SET_BUDGET_FRACTION * info.mem_bytes / max(1, info.ranks_per_gpu))
+    date = now_iso()
+    records: list[dict] = []
+
+    for op, roles in plan(args.op):
+        chosen = impls(op, roles, args.impl_names)
+        if not chosen:
+            continue
+        for p in problems_for(op, args, world):
+            why = p.check()
+            if why:
+                say(f"skip {op} {p.label} m={p.m}: {why}")
+                continue
+            nsets = plan_nsets(set_bytes(p, DType.from_any(p.dtype).itemsize), info.l2_bytes, budget) if op != "barrier" else 1
+            nsets = comm.allreduce(nsets, op=MPI.MIN)
+            seed = (base_seed + 1_000_003 * rank + 7919 * len(records)) & 0x7FFFFFFF
+            sets = side.make_sets(p, nsets, seed) if op != "barrier" else [{}]
+            ctx = Ctx(p, group, side.stream, sets, seed)
+            for impl in chosen:
+                res = measure(ctx, impl, side.timer)
+                if isinstance(res, str):
+                    say(f"skip {op} {p.label} m={p.m} {impl.name}: {res}")
+                    continue
+                rec = make_record(p, impl, res, info, args, nsets, date)
+                records.append(rec)
+                say(f"{op:8s} {p.label:22s} m={p.m:<6d} {p.dtype:4s} {impl.name:22s} {rec['ms']:9.4f} ms"
+                    + (f"  {rec['tflops']:7.1f} TFLOP/s" if rec["tflops"] else "")
+                    + (f"  {rec['gbps']:7.1f} GB/s" if rec["gbps"] else "")
+                    + (f"  {rec['us']:7.2f} us" if rec["us"] is not None else ""))
+            del ctx, sets
+            side.release()
+
+    derive(records)
+    if rank == 0:
+        print()
+        print(format_table(records), flush=True)
+        if records and not args.no_json:
+            meta = {"argv": list(argv), "versions": info.versions, "l2_bytes": info.l2_bytes,
+                    "delay_us": args.delay_us, "align": not args.no_align, "seed": base_seed}
+            path = write_json(records, args.out_dir, meta)
+            print(f"wrote {path}", flush=True)
+    comm.Barrier()
+    return records

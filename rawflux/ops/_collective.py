@@ -1,0 +1,492 @@
+"""Machinery shared by the fused collective ops (ag_gemm, gemm_rs): an op object sized once.
+
+``CollectiveOp`` holds, for one Group:
+  * symmetric buffers allocated at construction (``self.symmetric(nbytes, tag)``, collective);
+    nothing is allocated per call;
+  * side streams and fork/join events, created once: side work forks from the caller's stream
+    (``fork``) and joins back (``join``) before the op returns, so a call is capturable in a CUDA
+    graph (DESIGN hazard 4);
+  * the per-call start (``begin``): ``raise_if_failed()`` (a previous call's device-side timeout
+    or mismatch surfaces here), and with RAWFLUX_DEBUG=1 an MPI comparison of the call metadata
+    that names the ranks that differ;
+  * the device-side call check (``publish_meta`` before the call's last barrier, ``check_meta``
+    after it): every rank's (op object, protocol, shape, dtype) record is compared on the device,
+    so a rank that calls with another shape, another op object, or not at all, makes the others
+    fail with a clear error (CallMismatch / CollectiveTimeout) instead of computing garbage;
+  * the barrier (``Group.barrier`` on the caller's stream; it also gives every call its epoch,
+    the device-resident value that flags carry: never a host value baked into a graph).
+
+``OpCache`` backs the functional forms (``rawflux.ag_gemm(...)``): one op object per key, grown
+(collectively, under a bounded agreement) when a call needs more capacity.
+
+Contract between calls (DESIGN hazard 3): a call's side work joins the caller's stream before the
+op returns, and the next call of any collective op on the group starts with a barrier on the
+caller's stream. Ranks must therefore issue their calls in the same order, each on a stream that
+is ordered after the previous call (the same stream, or one synchronised with it).
+
+A call, in the order the ops issue it (s: the caller's stream):
+    op.begin(s, fields)              # checks, raise_if_failed, RAWFLUX_DEBUG comparison
+    op.publish_meta(s, fields)       # right before the call's last barrier
+    op.barrier(s)
+    side = op.fork(s)                # side streams start after the barrier
+    ... side work on side[i], main work (the GEMM) on s ...
+    op.check_meta(side[0])           # off the critical path
+    op.join(s)                       # before returning: capturable, and the next call's barrier
+                                     # then covers this call's side work
+
+Device errors are sticky: once a wait timed out or a mismatch was found, the group is aborted
+(every later wait fails fast) and must be rebuilt (rawflux.finalize(); rawflux.init()).
+"""
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from .. import env
+from ..dist import CollectiveTimeout, DistError
+from ..dist.layout import CTRL_EPOCH, OP_NAMES, OP_NONE, STATE_OK
+from ..jit import get_kernel, register
+from ..runtime import DType
+
+META_WORDS = 16  # kMetaWords (fused/ag_meta.cuh)
+META_FIELDS_MAX = META_WORDS - 2
+META_SLOT_BYTES = 4 * META_WORDS
+META_BYTES = 2 * META_SLOT_BYTES
+STATE_CALL_MISMATCH = 3  # kStateCallMismatch (fused/ag_meta.cuh)
+_META_SRC = "ag_meta.cu"
+_META_PUBLISH = "rawflux::meta_publish_kernel"
+_META_CHECK = "rawflux::meta_check_kernel"
+
+register(_META_SRC, _META_PUBLISH, archs=("sm_90a", "sm_80"))
+register(_META_SRC, _META_CHECK, archs=("sm_90a", "sm_80"))
+
+# Codes of dtypes in metadata records (stable numbers, not enum order).
+DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5M2: 5}
+
+
+class CallMismatch(CollectiveTimeout):
+    """Ranks disagreed on a call of a fused op (shape, dtype, op object, protocol, or one rank did
+    not make the call). ``.record`` holds the decoded Status; ``.peer`` the rank that differs."""
+
+    def __init__(self, message: str, record=None, peer: int | None = None):
+        super().__init__(message, record)
+        self.peer = peer
+
+
+# op id -> (op name, names of the op-defined metadata fields), filled by CollectiveOp subclasses
+_FIELD_NAMES: dict[int, tuple[str, tuple[str, ...]]] = {}
+
+
+def describe_failure(rec) -> CollectiveTimeout:
+    """The exception for a failed Status record (timeouts, aborts, and call mismatches)."""
+    if rec.state != STATE_CALL_MISMATCH:
+        return CollectiveTimeout(rec.message(), rec)
+    op_name, fields = _FIELD_NAMES.get(rec.op, (OP_NAMES.get(rec.op, f"op {rec.op}"), ()))
+    names = ("call tag", "op") + tuple(fields)
+    word = rec.index
+    what = names[word] if 0 <= word < len(names) else f"word {word}"
+    me, peer = rec.waiter, rec.peer
+    if word == 0:
+        detail = (f"rank {peer} did not make this call of this {op_name} op object (its last record there is "
+                  f"for call {rec.observed}, this one is call {rec.expected}): it skipped the call, called "
+                  f"another op object, or called with another protocol (barrier count)")
+    else:
+        detail = f"{what}: rank {me} has {_fmt_field(what, rec.expected)}, rank {peer} has {_fmt_field(what, rec.observed)}"
+    msg = (f"{op_name} call #{rec.call_id}: ranks {me} and {peer} disagree on the call ({detail}). Every rank "
+           f"must make the same collective calls in the same order with the same shapes; the group is aborted "
+           f"(rawflux.finalize(), then rawflux.init())")
+    return CallMismatch(msg, rec, peer)
+
+
+def _fmt_field(name: str, value: int) -> str:
+    if name == "dtype":
+        for dt, code in DTYPE_CODE.items():
+            if code == value:
+                return dt.tag
+    if name == "op":
+        return OP_NAMES.get(value, str(value))
+    return str(value)
+
+
+def resolve_group(group):
+    """``group`` or the current group (rawflux.init() called earlier), else a clear error."""
+    if group is not None:
+        return group
+    from ..dist import current_group
+
+    return current_group()
+
+
+def check_capacity(name: str, value: int, cap: int, what: str) -> None:
+    if value > cap:
+        raise ValueError(f"{name}={value} exceeds the op's capacity {cap} ({what}); build the op with a larger size")
+
+
+def check_divisible(name: str, value: int, by: int, what: str) -> None:
+    if by > 0 and value % by:
+        raise ValueError(f"{name}={value} is not a multiple of {by} ({what})")
+
+
+def is_capturing(stream: int) -> bool:
+    from cupy.cuda import runtime
+
+    try:
+        return runtime.streamIsCapturing(int(stream)) != runtime.streamCaptureStatusNone
+    except Exception:  # noqa: BLE001 - a failed query means the stream is unusable anyway; let launches report
+        return False
+
+
+_uid_lock = threading.Lock()
+_uids: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _next_uid(group) -> int:
+    """Op objects of one group, numbered in construction order (the same on every rank, since
+    construction is collective)."""
+    with _uid_lock:
+        counter = _uids.get(group)
+        if counter is None:
+            counter = itertools.count(1)
+            _uids[group] = counter
+        return next(counter)
+
+
+class CollectiveOp:
+    """Base of the fused ops (see the module docstring). Subclasses set OP_NAME, OP_ID and
+    META_FIELDS (names of the op-defined metadata words, at most 14)."""
+
+    OP_NAME = "collective"
+    OP_ID = OP_NONE
+    META_FIELDS: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if len(cls.META_FIELDS) > META_FIELDS_MAX:
+            raise TypeError(f"{cls.__name__}.META_FIELDS has {len(cls.META_FIELDS)} names; at most {META_FIELDS_MAX}")
+        if cls.OP_ID != OP_NONE:
+            _FIELD_NAMES[cls.OP_ID] = (cls.OP_NAME, tuple(cls.META_FIELDS))
+
+    def __init__(self, group=None, *, side_streams: int = 1):
+        """Collective over ``group`` (default: the current group): every rank must construct
+        the same op objects, in the same order, with the same sizes."""
+        self.group = g = resolve_group(group)
+        self.rank, self.world, self.device_id = g.rank, g.world, g.device_id
+        self.uid = _next_uid(g)
+        self._closed = False
+        self._buffers: list = []
+        self._streams: list[int] = []
+        self._fork_event = 0
+        self._join_events: list[int] = []
+        self._meta = None
+        self._kernels: dict[str, object] = {}
+        self.calls = 0  # calls made on this rank (host count, for messages and tests)
+        if self.world > 1:
+            self._group_ctrl = g.group_ctrl_ptr  # raises a clear DistError when the group has no P2P
+            self._epoch_ptr = g.ctrl.ptr + CTRL_EPOCH
+            self._meta = self.symmetric(META_BYTES, "meta")
+        else:
+            self._group_ctrl = 0
+            self._epoch_ptr = 0
+        self._make_streams(side_streams if self.world > 1 else 0)
+
+    # --- resources ------------------------------------------------------------------------------
+    def _device(self):
+        import cupy
+
+        return cupy.cuda.Device(self.device_id)
+
+    def _make_streams(self, count: int) -> None:
+        if count == 0:
+            return  # world 1: no side work (and no CUDA call, so argument checks run anywhere)
+        from cupy.cuda import runtime
+
+        with self._device():
+            self._streams = [int(runtime.streamCreateWithFlags(runtime.streamNonBlocking)) for _ in range(count)]
+            flags = runtime.eventDisableTiming
+            self._fork_event = int(runtime.eventCreateWithFlags(flags)) if count else 0
+            self._join_events = [int(runtime.eventCreateWithFlags(flags)) for _ in range(count)]
+
+    def symmetric(self, nbytes: int, tag: str):
+        """Collective: a zeroed symmetric buffer owned by this op (freed by close())."""
+        buf = self.group.symmetric(int(nbytes), f"{self.OP_NAME}#{self.uid}.{tag}")
+        self._buffers.append(buf)
+        return buf
+
+    def kernel(self, relpath: str, name_expr: str):
+        """A kernel of this op's device, loaded once (call at construction, never in a capture)."""
+        key = (relpath, name_expr)
+        k = self._kernels.get(key)
+        if k is None:
+            k = get_kernel(relpath, name_expr, device_id=self.device_id)
+            self._kernels[key] = k
+        return k
+
+    @property
+    def side_streams(self) -> list[int]:
+        return list(self._streams)
+
+    @property
+    def epoch_ptr(self) -> int:
+        """Device address of this rank's barrier epoch word: after the call's barrier it holds the
+        call's epoch. Flags are set by copying this word (copy engine) or from kernels reading it."""
+        return self._epoch_ptr
+
+    @property
+    def group_ctrl_ptr(self) -> int:
+        return self._group_ctrl
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pipeline_timeout_ns(self) -> int:
+        """Bound for the GEMM's internal pipeline waits (they trap): longer than any flag wait, so
+        a late peer is reported by the flag wait's clear error, never by a trap."""
+        return int((2.0 * self.group.timeout_s + 10.0) * 1e9)
+
+    # --- per call -------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DistError(f"this {self.OP_NAME} op object was closed")
+        if self.group.closed:
+            raise DistError(f"the group of this {self.OP_NAME} op object is closed; build a new op after rawflux.init()")
+
+    def begin(self, stream: int, fields: tuple[int, ...]) -> None:
+        """Start of a call, before any launch: the object is usable, no earlier device wait
+        failed, and (RAWFLUX_DEBUG=1) every rank makes the same call."""
+        self._check_open()
+        if self.world > 1:
+            self.raise_if_failed()
+            if env.debug():
+                self._debug_compare(tuple(int(x) for x in fields))
+        self.calls += 1
+
+    def _debug_compare(self, fields: tuple[int, ...]) -> None:
+        """Every rank's (op, op object, fields) through a bounded allgather: a rank that does not
+        make the call yields CallMismatch after the group's timeout, never a hang."""
+        vals = (int(self.OP_ID), int(self.uid)) + tuple(fields) + (0,) * (META_FIELDS_MAX - len(fields))
+        metas = bounded_allgather(self.group, vals, f"{self.OP_NAME} call #{self.calls + 1} metadata (RAWFLUX_DEBUG=1 check)")
+        if any(m != metas[0] for m in metas):
+            names = ("op", "op object") + tuple(self.META_FIELDS)
+            groups: dict[tuple, list[int]] = {}
+            for q, m in enumerate(metas):
+                groups.setdefault(m[: len(names)], []).append(q)
+            lines = "; ".join(
+                f"ranks {ranks}: " + ", ".join(f"{n}={_fmt_field(n, v) if n != 'op' else OP_NAMES.get(v, v)}" for n, v in zip(names, m))
+                for m, ranks in groups.items()
+            )
+            raise CallMismatch(f"{self.OP_NAME}: ranks disagree on the call (RAWFLUX_DEBUG=1 check): {lines}")
+
+    def raise_if_failed(self) -> None:
+        """Raise CollectiveTimeout / CallMismatch if a device-side wait or check of this rank failed."""
+        if self.world == 1:
+            return
+        rec = self.group.status
+        if rec.state != STATE_OK:
+            raise describe_failure(rec)
+
+    def synchronize(self, stream=None) -> None:
+        """Wait for ``stream`` (default: CuPy's current stream) then raise_if_failed()."""
+        from ..runtime import resolve_stream
+
+        from cupy.cuda import runtime
+
+        with self._device():
+            runtime.streamSynchronize(resolve_stream(stream))
+        self.raise_if_failed()
+
+    def barrier(self, stream: int) -> None:
+        self.group.barrier(int(stream))
+
+    def fork(self, stream: int, count: int | None = None) -> list[int]:
+        """Side streams 0..count-1 wait for the work queued so far on ``stream``; returns them."""
+        from cupy.cuda import runtime
+
+        sides = self._streams[: len(self._streams) if count is None else count]
+        if sides:
+            runtime.eventRecord(self._fork_event, int(stream))
+            for s in sides:
+                runtime.streamWaitEvent(s, self._fork_event, 0)
+        return sides
+
+    def join(self, stream: int, count: int | None = None) -> None:
+        """``stream`` waits for everything queued on side streams 0..count-1 (must match fork)."""
+        from cupy.cuda import runtime
+
+        n = len(self._streams) if count is None else count
+        for s, ev in zip(self._streams[:n], self._join_events[:n]):
+            runtime.eventRecord(ev, s)
+            runtime.streamWaitEvent(int(stream), ev, 0)
+
+    def meta_fields(self, fields: tuple[int, ...]) -> bytes:
+        if len(fields) > META_FIELDS_MAX:
+            raise ValueError(f"{len(fields)} metadata fields; at most {META_FIELDS_MAX}")
+        words = [int(x) & 0xFFFFFFFF for x in fields] + [0] * (META_FIELDS_MAX - len(fields))
+        return struct.pack(f"<{META_FIELDS_MAX}I", *words)
+
+    def publish_meta(self, stream: int, fields: tuple[int, ...], ahead: int = 1) -> None:
+        """Before the call's last barrier (``ahead`` barriers still to come, normally 1): write
+        this rank's record of the call, tagged with the epoch that barrier will reach."""
+        k = self.kernel(_META_SRC, _META_PUBLISH)
+        k.launch_ex((1, 1, 1), (32, 1, 1), (np.uint64(self._group_ctrl), np.uint64(self._meta.ptr), np.uint32(self.OP_ID),
+                                            self.meta_fields(fields), np.uint32(ahead)), stream=int(stream))
+
+    def check_meta(self, stream: int) -> None:
+        """After the call's last barrier: compare every peer's record with this rank's (device)."""
+        k = self.kernel(_META_SRC, _META_CHECK)
+        k.launch((1, 1, 1), (64, 1, 1), (np.uint64(self._group_ctrl), np.uint64(self._meta.peer_table_ptr),
+                                         np.uint32(self.OP_ID)), stream=int(stream))
+
+    def prepare_meta_kernels(self) -> None:
+        if self.world > 1:
+            self.kernel(_META_SRC, _META_PUBLISH)
+            self.kernel(_META_SRC, _META_CHECK)
+
+    # --- teardown -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective: free this op's symmetric buffers (device sync + group barrier first, in
+        Group.free_symmetric), streams and events. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.group.closed:
+            for buf in reversed(self._buffers):
+                self.group.free_symmetric(buf)
+        self._buffers.clear()
+        if not self._streams:
+            return
+        from cupy.cuda import runtime
+
+        try:
+            with self._device():
+                for s in self._streams:
+                    runtime.streamDestroy(s)
+                for ev in self._join_events + ([self._fork_event] if self._fork_event else []):
+                    runtime.eventDestroy(ev)
+        except Exception:  # noqa: BLE001 - a broken context at teardown: nothing left to free
+            pass
+        self._streams, self._join_events, self._fork_event = [], [], 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# functional-form cache
+
+
+class _PrivateComm:
+    """A communicator of the group's ranks reserved for OpCache agreements, made by a bounded
+    Idup (a rank that never shows up yields an error, not a hang)."""
+
+    def __init__(self):
+        self.comm = None
+
+
+_private: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _bounded(req, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > deadline:
+            _abandoned.append(req)  # a collective cannot be cancelled; keep it alive
+            raise CallMismatch(
+                f"{what}: not every rank joined within {timeout_s:.1f} s. Every rank must make the same "
+                "calls with the same shapes (a call that needs larger buffers on one rank only cannot "
+                "proceed); the group must be rebuilt"
+            )
+        time.sleep(0.0005)
+
+
+_abandoned: list = []
+
+
+def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -> list:
+    """allgather of a small picklable value over a private duplicate of the group's communicator,
+    giving up with CallMismatch after ``timeout_s`` (default: the group's wait timeout)."""
+    timeout_s = float(group.timeout_s if timeout_s is None else timeout_s)
+    priv = _private.get(group)
+    if priv is None:
+        priv = _PrivateComm()
+        comm, req = group.comm.Idup()
+        _bounded(req, timeout_s, f"{what} (communicator setup)")
+        priv.comm = comm
+        _private[group] = priv
+    comm = priv.comm
+    # Fixed-size exchange so a non-blocking allgather works with buffers: pickle is not needed.
+    vals = np.asarray(value, dtype=np.int64).reshape(-1)
+    out = np.zeros((comm.Get_size(), vals.size), dtype=np.int64)
+    req = comm.Iallgather(vals, out)
+    _bounded(req, timeout_s, what)
+    return [tuple(int(x) for x in row) for row in out]
+
+
+class OpCache:
+    """Op objects for the functional forms, one per key, grown to the largest capacity any rank
+    needs. Growth is collective: every rank must make the same calls (bounded: a rank that does
+    not join raises CallMismatch on the others within the group's wait timeout)."""
+
+    def __init__(self, make, capacity_of):
+        self._make = make  # (group, key, capacity) -> op
+        self._capacity_of = capacity_of  # op -> capacity
+        self._ops: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, group, key: tuple, need: int, *, stream: int | None = None, round_to: int = 1):
+        full_key = (id(group),) + tuple(key)
+        with self._lock:
+            op = self._ops.get(full_key)
+            if op is not None and (op.closed or op.group is not group or group.closed):
+                self._ops.pop(full_key, None)
+                op = None
+            if op is not None and self._capacity_of(op) >= need:
+                return op
+            if stream is not None and is_capturing(stream):
+                have = self._capacity_of(op) if op is not None else 0
+                raise RuntimeError(
+                    f"this call needs buffers for {need} rows but the cached op holds {have}: growing them "
+                    "allocates memory, which a CUDA graph capture forbids. Make one call with the largest "
+                    "size before capturing, or build the op object (sized once) yourself"
+                )
+            want = _round_up(max(need, 2 * (self._capacity_of(op) if op is not None else 0)), round_to)
+            if group.world > 1:
+                agreed = bounded_allgather(group, (want,), f"growing the cached op buffers for key {key}")
+                want = max(v[0] for v in agreed)
+            if op is not None:
+                op.close()
+            op = self._make(group, key, want)
+            self._ops[full_key] = op
+            return op
+
+    def peek(self, group, key: tuple):
+        """The op object cached for (group, key), or None (no growth, no communication)."""
+        with self._lock:
+            return self._ops.get((id(group),) + tuple(key))
+
+    def clear(self) -> None:
+        with self._lock:
+            ops = list(self._ops.values())
+            self._ops.clear()
+        for op in ops:
+            if not op.group.closed:
+                op.close()
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-int(x) // int(to)) * int(to)
+
+
+__all__ = [
+    "CallMismatch", "CollectiveOp", "DTYPE_CODE", "META_FIELDS_MAX", "OpCache", "STATE_CALL_MISMATCH",
+    "bounded_allgather", "check_capacity", "check_divisible", "describe_failure", "is_capturing", "resolve_group",
+]

@@ -1,0 +1,574 @@
+"""rawflux.ag_gemm: C_r = AllGather(A) @ B_r^T with the gather hidden behind the GEMM (FLUX).
+
+Column-parallel layer on rank r of W: ``a_shard`` (m/W, k) is this rank's rows of A; ``b`` is
+this rank's weight shard, (n_local, k) for ``b_layout="nk"`` (default, a linear layer's weight)
+or (k, n_local) for "kn"; the output is (m, n_local). bf16 / f16 inputs, output in the input
+dtype (or f32), optional bias (n_local,) added in fp32.
+
+Two levels:
+  AGGemm(group, max_m, n, k, dtype, b_layout="nk", direction=, copy=)   the op object, sized once:
+      it allocates its symmetric buffers (the gathered A, ready flags, call records) at
+      construction and nothing per call; any m = W * m_local <= max_m per call.
+  ag_gemm(a_shard, b, group=None, ...)   the functional form: a cache of op objects keyed by
+      (group, n, k, dtype, layout, direction, copy), grown (collectively) when m exceeds them.
+
+How a call runs (rank r, caller's stream s; DESIGN.md hazards 1-6; ``schedule()`` is the exact
+order, tests/cpu simulate it across ranks):
+  push (default): [s] own shard -> own rows of the gathered buffer + call record (one kernel),
+      barrier; [s] the GEMM, whose TMA producer waits (bounded, ld.acquire.sys) only for the
+      chunks a tile's rows touch, visiting row segments r, r+1, ... (own rows first); [side
+      streams] for q = r-1, r-2, ...: copy the shard into rank q's rows [r*m/W, (r+1)*m/W) (a
+      permutation per step: no two ranks write one peer at once; so chunk r+1 reaches rank r
+      first), then set q's ready[r] to the call's epoch; [side 0] the call-record check; join.
+  pull: [s] barrier, own rows + record, barrier (peers' own rows are in place and no peer still
+      reads the previous call's); GEMM; [side] for q = r+1, r+2, ...: copy rank q's rows of its
+      buffer into the same rows of this rank's, then set this rank's ready[q]; check; join.
+  copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM); the flag is
+      a 4-byte copy of the device-resident epoch word (so CUDA-graph replays stay right).
+  copy path "sm": one copy kernel of R CTAs (RAWFLUX_AG_COPY_SMS, default min(16, SMs/4)) does
+      the same chunk loop; the GEMM runs on SMs - R CTAs so both are resident (hazard 1).
+World 1: no communication; the call is rawflux.gemm on a_shard.
+
+The gathered A: ``return_gathered=True`` returns (out, gathered). Without ``gathered_out`` it is a
+VIEW of this rank's symmetric buffer (no copy), valid until the next call of the same op object
+(the functional form: the next ag_gemm call with the same n, k, dtype, layout); with
+``gathered_out=`` the gathered A is copied there (after the GEMM, on the call's stream). At world 1
+the gathered A is a_shard itself.
+
+Errors: every bad argument raises before any launch. A rank that calls with another shape, another
+op object, or not at all makes the others fail within RAWFLUX_WAIT_TIMEOUT_S (device-side bounded
+waits and a device-side comparison of the call records); the error (CollectiveTimeout or its
+subclass CallMismatch, naming the ranks and the field) is raised at the next call's start or by
+``op.synchronize()`` / ``Group.synchronize()``.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass, replace
+
+from .. import env, tune
+from ..dist.layout import MAX_WORLD, OP_AG_GEMM
+from ..jit import register
+from ..runtime import DType, as_tensor, check_matrix, check_out, prepare_output, resolve_stream, wrap_output
+from . import gemm as G
+from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group
+
+__all__ = ["AGGemm", "ag_gemm", "bench_variants", "cached_op", "clear_cache", "schedule", "push_targets", "pull_sources", "arrival_order",
+           "chunk_span", "default_copy_sms"]
+
+KERNEL_FILE = "ag_gemm.cu"
+PROLOGUE = "rawflux::AgWait"
+SCHED = "rawflux::TileSched"
+EPILOGUE = "rawflux::LocalStore"
+LOCAL_KERNEL = "rawflux::ag_local_kernel"
+COPY_KERNEL = "rawflux::ag_copy_kernel"
+LOCAL_THREADS = 256
+COPY_THREADS = 512
+DTYPES = (DType.BF16, DType.F16)
+DIRECTIONS = {"push": 0, "pull": 1}  # kAgPush / kAgPull
+COPIES = {"ce": 0, "sm": 1}
+B_LAYOUTS = ("nk", "kn")
+
+# Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
+# them against the CUDA structs with NVRTC static_asserts.
+AG_WAIT_PARAMS = struct.Struct("<QQiiii")  # AgWait::Params: group_ctrl, ready, m_local, rank, world, pad
+AG_LOCAL_ARGS = struct.Struct("<QQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, meta, src_pitch, m_local, row_vecs, op, ahead
+AG_COPY_ARGS = struct.Struct("<QQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, ready_peers, counters, src_pitch, m_local, row_vecs, mode, pad
+META_FIELDS_STRUCT = struct.Struct("<14I")  # MetaFields (fused/ag_meta.cuh)
+
+# Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
+G.register_variants(KERNEL_FILE, prologue=PROLOGUE, dtypes=DTYPES)
+register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
+register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
+
+
+# --------------------------------------------------------------------------------------------
+# the protocol as data (pure Python; tests/cpu simulate it across ranks)
+
+
+def push_targets(rank: int, world: int) -> list[int]:
+    """Push order: step s = 1..W-1 writes this rank's shard into rank (rank - s) mod W. For every
+    s the map rank -> target is a permutation (no two ranks write one peer at once), and every
+    rank receives chunk rank+1 first, then rank+2, ... (the GEMM's upward rotation)."""
+    return [(rank - s) % world for s in range(1, world)]
+
+
+def pull_sources(rank: int, world: int) -> list[int]:
+    """Pull order: step s reads rank (rank + s) mod W's shard (a permutation per step too)."""
+    return [(rank + s) % world for s in range(1, world)]
+
+
+def arrival_order(rank: int, world: int) -> list[int]:
+    """Chunks in the order they land on ``rank`` (both directions) and the GEMM visits them: own
+    first (in place before the GEMM starts), then rank+1, rank+2, ..."""
+    return [(rank + s) % world for s in range(world)]
+
+
+def chunk_span(m0: int, rows: int, m_local: int) -> tuple[int, int]:
+    """Chunks (first, last) that rows [m0, m0 + rows) of the gathered A touch (AgWait's rule)."""
+    if rows <= 0:
+        return (0, -1)
+    return (m0 // m_local, (m0 + rows - 1) // m_local)
+
+
+def default_copy_sms(sms: int) -> int:
+    """SMs the "sm" copy path takes: RAWFLUX_AG_COPY_SMS, else min(16, SMs // 4), at least 1 and
+    leaving the GEMM at least one SM."""
+    want = env.ag_copy_sms()
+    r = want if want is not None else min(16, sms // 4)
+    return max(1, min(r, sms - 1))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a call, in issue order. kind:
+      local     own shard -> own gathered rows + call record (main stream)
+      barrier   group barrier (main stream)
+      fork      side streams start after the main stream's work so far
+      copy      copy engine, on side stream ``side``: chunk ``chunk`` from ``src`` ("shard": this
+                rank's input; or rank ``src_rank``'s gathered buffer) into rank ``dst_rank``'s
+                gathered buffer (same chunk rows)
+      flag      copy engine, on ``side``: rank ``dst_rank``'s ready[``chunk``] = this call's epoch
+      gemm      the GEMM with the wait prologue (main stream)
+      sm_copy   the copy kernel on side stream 0 (it runs the same loop on SMs)
+      check     call-record check on side stream 0
+      join      the main stream waits for every side stream
+    """
+
+    kind: str
+    side: int = -1
+    src: str = ""
+    src_rank: int = -1
+    dst_rank: int = -1
+    chunk: int = -1
+
+
+def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -> list[Step]:
+    """The ordered actions of one call on ``rank`` (world > 1)."""
+    if direction not in DIRECTIONS or copy not in COPIES:
+        raise ValueError(f"direction {direction!r} / copy {copy!r}")
+    steps: list[Step] = []
+    if direction == "push":
+        steps += [Step("local"), Step("barrier")]
+    else:
+        steps += [Step("barrier"), Step("local"), Step("barrier")]
+    # The GEMM is launched before the copies are queued: its first row segment (the own chunk) needs
+    # nothing, so it starts while the host still queues the copies on the side streams.
+    steps += [Step("fork"), Step("gemm")]
+    if copy == "ce":
+        if direction == "push":
+            for i, q in enumerate(push_targets(rank, world)):
+                side = i % sides
+                steps.append(Step("copy", side, "shard", rank, q, rank))
+                steps.append(Step("flag", side, dst_rank=q, chunk=rank))
+        else:
+            for i, q in enumerate(pull_sources(rank, world)):
+                side = i % sides
+                steps.append(Step("copy", side, "gathered", q, rank, q))
+                steps.append(Step("flag", side, dst_rank=rank, chunk=q))
+    else:
+        steps.append(Step("sm_copy", 0))
+    steps += [Step("check", 0), Step("join")]
+    return steps
+
+
+def sm_copy_steps(direction: str, rank: int, world: int) -> list[Step]:
+    """What ag_copy_kernel does, step by step (mirrors ag_copy_body in fused/ag_gemm.cuh)."""
+    out = []
+    for step in range(1, world):
+        if direction == "push":
+            q = (rank - step + world) % world
+            out += [Step("copy", 0, "shard", rank, q, rank), Step("flag", 0, dst_rank=q, chunk=rank)]
+        else:
+            q = (rank + step) % world
+            out += [Step("copy", 0, "gathered", q, rank, q), Step("flag", 0, dst_rank=rank, chunk=q)]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks (shared by the op object and the functional form)
+
+
+def _check_options(direction: str, copy: str, b_layout: str) -> None:
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"b_layout must be 'nk' (b is (n_local, k), a linear layer's weight) or 'kn' (b is (k, n_local)), not {b_layout!r}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'push' or 'pull', not {direction!r}")
+    if copy not in COPIES:
+        raise ValueError(f"copy must be 'ce' (copy engine) or 'sm' (copy kernel on a few SMs), not {copy!r}")
+
+
+def _check_nk(n: int, k: int) -> None:
+    if k < 8 or k % 8:
+        raise ValueError(f"k = {k} must be a positive multiple of 8 (16-byte rows for the TMA loads and the copies)")
+    if n < 8 or n % 8:
+        raise ValueError(f"n = {n} (columns of this rank's output) must be a positive multiple of 8 (16-byte rows for the TMA loads and stores)")
+
+
+def _bias_args(bias, n: int, dt: DType, dev: int, s: int):
+    if bias is None:
+        return None, 0, G.BIAS_NONE
+    tb = as_tensor(bias, "bias", stream=s)
+    if tb.dtype not in (dt, DType.F32):
+        raise TypeError(f"bias has dtype {tb.dtype} but must be {dt} (like a_shard) or f32")
+    if tb.ndim != 1 or tb.shape[0] != n:
+        raise ValueError(f"bias must have shape ({n},) (one value per output column), got {tuple(tb.shape)}")
+    if tb.device != dev:
+        raise ValueError(f"bias is on device {tb.device} but the group uses device {dev}")
+    if n > 1 and tb.strides[0] != 1:
+        raise ValueError(f"bias must be contiguous (stride 1), got stride {tb.strides[0]}")
+    if tb.ptr % 4:
+        raise ValueError(f"bias's data pointer {tb.ptr:#x} is not 4-byte aligned")
+    return tb, tb.ptr, (G.BIAS_F32 if tb.dtype == DType.F32 else G.BIAS_IN16)
+
+
+def _cupy_matrix(ptr: int, rows: int, cols: int, dt: DType, owner, device: int):
+    """A CuPy (rows, cols) array over memory rawflux owns (no copy)."""
+    import cupy
+    import numpy as np
+
+    nbytes = rows * cols * dt.itemsize
+    mem = cupy.cuda.UnownedMemory(int(ptr), max(nbytes, 1), owner, int(device))
+    try:
+        np_dt = dt.np
+        cupy.dtype(np_dt)
+    except (TypeError, ValueError):  # a CuPy that cannot hold bf16: raw storage of the same size
+        np_dt = {1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize]
+    return cupy.ndarray((rows, cols), dtype=np_dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+# --------------------------------------------------------------------------------------------
+# the op object
+
+
+class AGGemm(CollectiveOp):
+    """Fused AllGather-GEMM sized once (see the module docstring).
+
+    AGGemm(group, max_m, n, k, dtype, b_layout="nk", *, direction=None, copy=None, out_dtype=None,
+           copy_sms=None, ce_streams=1)
+    group: a rawflux Group (None: the current one). max_m: the largest m (all ranks' rows) a call
+    may use; m must be a multiple of the world size W. n: this rank's output columns (n_local).
+    direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" (default
+    RAWFLUX_AG_COPY, ce). Collective: every rank constructs the same op objects in the same order.
+    Call it: ``op(a_shard, b, bias=None, out=None, gathered_out=None, return_gathered=False, stream=None)``.
+    """
+
+    OP_NAME = "ag_gemm"
+    OP_ID = OP_AG_GEMM
+    META_FIELDS = ("m_local", "k", "dtype", "direction", "copy path", "capacity (max_m / W)")
+
+    def __init__(self, group, max_m: int, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
+                 copy: str | None = None, out_dtype=None, copy_sms: int | None = None, ce_streams: int = 1):
+        direction = env.ag_direction() if direction is None else direction
+        copy = env.ag_copy() if copy is None else copy
+        _check_options(direction, copy, b_layout)
+        dt = DType.from_any(dtype)
+        if dt not in DTYPES:
+            raise TypeError(f"ag_gemm dtype must be bf16 or f16, got {dt}")
+        od = dt if out_dtype is None else DType.from_any(out_dtype)
+        if od not in (dt, DType.F32):
+            raise TypeError(f"out_dtype {od} is not supported for {dt} inputs: use {dt} or f32")
+        n, k, max_m = int(n), int(k), int(max_m)
+        _check_nk(n, k)
+        if int(ce_streams) < 1:
+            raise ValueError(f"ce_streams must be at least 1, got {ce_streams}")
+        g = resolve_group(group)
+        world = g.world
+        if max_m < world:
+            raise ValueError(f"max_m = {max_m} must be at least the world size {world} (one row per rank)")
+        self.n, self.k, self.dtype, self.out_dtype, self.b_layout = n, k, dt, od, b_layout
+        self.direction, self.copy = direction, copy
+        self.m_local_cap = max_m // world
+        self.max_m = self.m_local_cap * world
+        self.row_bytes = k * dt.itemsize
+        self.last_config: G.GemmConfig | None = None
+        self._cfgs: dict[int, G.GemmConfig] = {}
+        self._params: dict[tuple, bytes] = {}
+        self._lock = threading.Lock()
+        sides = (int(ce_streams) if copy == "ce" else 1) if world > 1 else 0
+        super().__init__(g, side_streams=sides)
+        self.sms = tune.device_info(self.device_id).sms
+        self.copy_sms = 0
+        if copy == "sm" and world > 1:
+            self.copy_sms = default_copy_sms(self.sms) if copy_sms is None else int(copy_sms)
+            if not 1 <= self.copy_sms < self.sms:
+                raise ValueError(f"copy_sms = {self.copy_sms}: between 1 and SMs - 1 = {self.sms - 1}")
+        self._gath = self._ready = None
+        self._counters = None
+        if world > 1:
+            self._gath = self.symmetric(self.max_m * self.row_bytes, "gathered")
+            self._ready = self.symmetric(4 * MAX_WORLD, "ready")
+            import cupy
+
+            with self._device():
+                self._counters = cupy.zeros(MAX_WORLD, dtype=cupy.uint32)  # ag_copy_kernel's, zero between launches
+                # The zeroing ran on CuPy's current stream; the copy kernel runs on a side stream
+                # that does not order with it: settle it now (construction is not capturable anyway).
+                cupy.cuda.Device(self.device_id).synchronize()
+            # Load every small kernel now: never compile or load inside a graph capture.
+            self.kernel(KERNEL_FILE, LOCAL_KERNEL)
+            if copy == "sm":
+                self.kernel(KERNEL_FILE, COPY_KERNEL)
+            self.prepare_meta_kernels()
+
+    # --- sizes ----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """The largest m a call may use."""
+        return self.max_m
+
+    def chunk_bytes(self, m_local: int) -> int:
+        return m_local * self.row_bytes
+
+    # --- configuration ----------------------------------------------------------------------------
+    def config(self, m: int) -> G.GemmConfig:
+        """The GEMM configuration a call with m rows uses (split-K off; on the "sm" path the GEMM's
+        persistent grid leaves copy_sms SMs to the copy kernel). rawflux.gemm(..., config=this)
+        on the gathered A computes bitwise the same output."""
+        cfg = self._cfgs.get(m)
+        if cfg is None:
+            if len(self._cfgs) > 4096:
+                self._cfgs.clear()
+                self._params.clear()
+            base = G.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
+            ctas = self.sms - self.copy_sms if self.copy_sms else base.ctas
+            cfg = replace(base, splits=1, ctas=ctas)
+            self._cfgs[m] = cfg
+        return cfg
+
+    # --- the call ---------------------------------------------------------------------------------
+    def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,
+                 config: G.GemmConfig | None = None):
+        s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
+        dev, world, dt = self.device_id, self.world, self.dtype
+        ta = check_matrix(as_tensor(a_shard, "a_shard", stream=s), "a_shard", dtypes=(dt,), device=dev, shape=(None, self.k),
+                          ld_ok=True)
+        m_loc = ta.shape[0]
+        if m_loc < 1:
+            raise ValueError(f"a_shard has no rows (shape {tuple(ta.shape)}): every rank needs m/W >= 1 rows")
+        m = m_loc * world
+        if m > self.max_m:
+            raise ValueError(
+                f"a_shard has {m_loc} rows, so m = {m_loc} x {world} ranks = {m}, above this op's max_m = {self.max_m}; "
+                "build the op with a larger max_m (the functional rawflux.ag_gemm grows its buffers itself)"
+            )
+        bshape = (self.n, self.k) if self.b_layout == "nk" else (self.k, self.n)
+        tb = check_matrix(as_tensor(b, "b", stream=s), "b", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
+        tbias, bias_ptr, bias_kind = _bias_args(bias, self.n, dt, dev, s)
+        inputs = {"a_shard": ta, "b": tb} | ({"bias": tbias} if tbias is not None else {})
+        tg = None
+        if gathered_out is not None:
+            tg = check_out(gathered_out, "gathered_out", shape=(m, self.k), dtype=dt, device=dev, inputs=inputs, stream=s)
+        if config is not None and not isinstance(config, G.GemmConfig):
+            raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
+
+        if world == 1:
+            return self._call_local(ta, tb, bias, out, tg, gathered_out, return_gathered, s, config)
+
+        tc, out_obj = prepare_output(out, "out", (m, self.n), self.out_dtype, ta, stream=s,
+                                     inputs=inputs | ({"gathered_out": tg} if tg is not None else {}))
+        fields = (m_loc, self.k, DTYPE_CODE[dt], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
+        if config is None:
+            cfg = self.config(m)
+        else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
+            ctas = min(config.ctas or self.sms, self.sms - self.copy_sms) if self.copy_sms else config.ctas
+            cfg = replace(config, splits=1, ctas=ctas)
+        self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
+        with self._device():
+            self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)
+            if tg is not None:
+                from cupy.cuda import runtime
+
+                runtime.memcpyAsync(tg.ptr, self._gath.ptr, m * self.row_bytes, runtime.memcpyDefault, s)
+        self.last_config = cfg
+        result = out_obj if out is not None else wrap_output(ta, out_obj, stream=s)
+        if not return_gathered:
+            return result
+        if gathered_out is not None:
+            return result, gathered_out
+        view = _cupy_matrix(self._gath.ptr, m, self.k, dt, self, dev)
+        return result, wrap_output(ta, view, stream=s)
+
+    def _call_local(self, ta, tb, bias, out, tg, gathered_out, return_gathered, s, config):
+        """World 1: no communication. The gathered A is a_shard itself."""
+        res = G.gemm(ta, tb, b_layout=self.b_layout,
+                     bias=bias, out=out, out_dtype=self.out_dtype, stream=s, config=config)
+        if tg is not None:
+            import cupy
+
+            from cupy.cuda import runtime
+
+            with cupy.cuda.Device(self.device_id):
+                runtime.memcpy2DAsync(tg.ptr, self.row_bytes, ta.ptr, ta.strides[0] * ta.itemsize if ta.shape[0] > 1 else self.row_bytes,
+                                      self.row_bytes, ta.shape[0], runtime.memcpyDefault, s)
+        self.calls += 1
+        if not return_gathered:
+            return res
+        return res, (gathered_out if gathered_out is not None else ta.obj)
+
+    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: G.GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
+        from cupy.cuda import runtime
+
+        rank, world = self.rank, self.world
+        chunk = self.chunk_bytes(m_loc)
+        src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
+        gath, ready = self._gath, self._ready
+        meta = self.meta_fields(fields)
+        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
+        sides: list[int] = []
+        for st in schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))):
+            kind = st.kind
+            if kind == "local":
+                self._launch_local(s, ta.ptr, src_pitch, m_loc, meta)
+            elif kind == "barrier":
+                self.barrier(s)
+            elif kind == "fork":
+                sides = self.fork(s)
+            elif kind == "copy":
+                dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk
+                if st.src == "shard":
+                    runtime.memcpy2DAsync(dst, self.row_bytes, ta.ptr, src_pitch, self.row_bytes, m_loc,
+                                          runtime.memcpyDefault, sides[st.side])
+                else:
+                    runtime.memcpyAsync(dst, gath.peer_ptrs[st.src_rank] + st.chunk * chunk, chunk, runtime.memcpyDefault,
+                                        sides[st.side])
+            elif kind == "flag":
+                # The flag = this call's epoch, copied from device memory after the data copy on
+                # the same stream (stream order: the data is complete before the flag lands).
+                runtime.memcpyAsync(ready.peer_ptrs[st.dst_rank] + 4 * st.chunk, self.epoch_ptr, 4, runtime.memcpyDefault,
+                                    sides[st.side])
+            elif kind == "sm_copy":
+                self._launch_copy(sides[0], ta.ptr, src_pitch, m_loc)
+            elif kind == "gemm":
+                self._launch_gemm(s, gemm)
+            elif kind == "check":
+                self.check_meta(sides[0])
+            elif kind == "join":
+                self.join(s)
+            else:  # pragma: no cover - schedule() only makes the kinds above
+                raise AssertionError(kind)
+
+    # --- launches ---------------------------------------------------------------------------------
+    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, meta: bytes) -> None:
+        row_vecs = self.row_bytes // 16
+        vecs = m_loc * row_vecs
+        grid = max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
+        dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
+        args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._meta.ptr, src_pitch, m_loc, row_vecs, self.OP_ID, 1)
+        # G._launch: the engine's lean path (launch config cached, one argument block per thread)
+        G._launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, meta))
+
+    def _launch_copy(self, side: int, src: int, src_pitch: int, m_loc: int) -> None:
+        args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._ready.peer_table_ptr,
+                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16,
+                                 DIRECTIONS[self.direction], 0)
+        G._launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, side, (args,))
+
+    def _prepare_gemm(self, s: int, cfg: G.GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
+        """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
+        params), resolved before the call issues anything: no compile or module load happens
+        while this rank's barrier spins."""
+        m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
+        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._ready.ptr, m_loc, self.rank, self.world, 0)
+        ldc = tc.strides[0] if m > 1 else n
+        epi = G.local_store_params(tc.ptr, ldc, bias_ptr, bias_kind)
+        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
+        plan = G._plan(cfg, m, n, k, dt, self.b_layout, self.out_dtype, s, self.device_id, KERNEL_FILE, SCHED, PROLOGUE,
+                       EPILOGUE, self.world, self.rank)
+        key = (cfg, m)
+        params = self._params.get(key)
+        if params is None:
+            # The engine's pipeline waits trap when they expire: give them longer than any flag
+            # wait, so a late peer surfaces as the flag wait's clear error, never as a trap.
+            params = G.gemm_params(cfg, m, n, k, seg_count=self.world, seg_start=self.rank,
+                                   timeout_ns=self.pipeline_timeout_ns())
+            self._params[key] = params
+        tmap_a = G.tensor_map(self._gath.ptr, dt, m, k, k, plan.box_a[0], plan.box_a[1])
+        if self.b_layout == "nk":
+            tmap_b = G.tensor_map(tb.ptr, dt, n, k, ldb, plan.box_b[0], plan.box_b[1])
+        else:
+            tmap_b = G.tensor_map(tb.ptr, dt, k, n, ldb, plan.box_b[0], plan.box_b[1])
+        return plan, (tmap_a, tmap_b, params, pro, epi)
+
+    def _launch_gemm(self, s: int, prepared) -> None:
+        plan, args = prepared
+        G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args)
+
+    def gathered(self, m: int):
+        """A CuPy view (m, k) of this rank's gathered buffer (valid until the next call)."""
+        if self.world == 1:
+            raise ValueError("at world 1 there is no gathered buffer: the gathered A is a_shard itself")
+        if m > self.max_m or m % self.world:
+            raise ValueError(f"m = {m}: a multiple of {self.world} up to {self.max_m}")
+        return _cupy_matrix(self._gath.ptr, m, self.k, self.dtype, self, self.device_id)
+
+
+# --------------------------------------------------------------------------------------------
+# the functional form
+
+
+def _make(group, key, capacity):
+    n, k, dt, b_layout, direction, copy, od = key
+    return AGGemm(group, capacity, n, k, dt, b_layout, direction=direction, copy=copy, out_dtype=od)
+
+
+_cache = OpCache(_make, lambda op: op.max_m)
+
+
+def cached_op(group, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
+              copy: str | None = None, out_dtype=None) -> "AGGemm | None":
+    """The op object the functional form uses for these parameters (None before the first call):
+    e.g. its ``last_config`` for rawflux.gemm(..., config=) comparisons."""
+    dt = DType.from_any(dtype)
+    od = dt if out_dtype is None else DType.from_any(out_dtype)
+    key = (int(n), int(k), dt, b_layout, env.ag_direction() if direction is None else direction,
+           env.ag_copy() if copy is None else copy, od)
+    return _cache.peek(resolve_group(group), key)
+
+
+def bench_variants() -> list[tuple[str, dict]]:
+    """(row name, ag_gemm keyword arguments) of every gather path, for benchmark tables: the
+    harness can register one fused row per entry (``functools.partial(rawflux.ag_gemm, **kw)``)."""
+    return [(f"rawflux[{d}/{c}]", {"direction": d, "copy": c}) for d in DIRECTIONS for c in COPIES]
+
+
+def clear_cache() -> None:
+    """Close the cached op objects (collective: every rank must call it)."""
+    _cache.clear()
+
+
+def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None, gathered_out=None,
+            return_gathered: bool = False, stream=None, direction: str | None = None, copy: str | None = None,
+            out_dtype=None):
+    """Fused AllGather-GEMM on rank r of W: returns out (m, n_local) = AllGather(a_shard) @ B^T
+    (+ bias); ``(out, gathered)`` with ``return_gathered=True`` (see the module docstring for the
+    gathered view's lifetime). a_shard: (m/W, k); b: (n_local, k) ("nk") or (k, n_local) ("kn");
+    bf16 / f16. Collective: every rank calls it with the same shapes, in the same order.
+    The op objects behind it are cached per (group, n_local, k, dtype, layout, direction, copy)
+    and grown (collectively, bounded) when m exceeds them; make one call with the largest m
+    before capturing a CUDA graph."""
+    g = resolve_group(group)
+    direction = env.ag_direction() if direction is None else direction
+    copy = env.ag_copy() if copy is None else copy
+    _check_options(direction, copy, b_layout)
+    s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
+    ta = as_tensor(a_shard, "a_shard", stream=s)
+    tb = as_tensor(b, "b", stream=s)
+    if ta.ndim != 2 or tb.ndim != 2:
+        raise ValueError(f"a_shard and b must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
+    if ta.dtype not in DTYPES:
+        raise TypeError(f"a_shard has dtype {ta.dtype}: rawflux.ag_gemm takes bf16 or f16 (rawflux.baseline.ag_gemm takes f32)")
+    k = ta.shape[1]
+    n = tb.shape[0] if b_layout == "nk" else tb.shape[1]
+    kb = tb.shape[1] if b_layout == "nk" else tb.shape[0]
+    if kb != k:
+        raise ValueError(f"a_shard is (m/W, k) = {tuple(ta.shape)} but b ({b_layout!r} layout) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
+    _check_nk(n, k)
+    if out_dtype is None and out is not None:
+        out_dtype = as_tensor(out, "out", stream=s).dtype
+    od = ta.dtype if out_dtype is None else DType.from_any(out_dtype)
+    m = ta.shape[0] * g.world
+    key = (n, k, ta.dtype, b_layout, direction, copy, od)
+    op = _cache.get(g, key, max(m, g.world), stream=s, round_to=64 * g.world)
+    return op(ta, tb, bias=bias, out=out, gathered_out=gathered_out, return_gathered=return_gathered, stream=s)

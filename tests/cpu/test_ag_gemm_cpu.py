@@ -1,0 +1,585 @@
+"""rawflux.ag_gemm with no GPU: the protocol as data (orders, permutations, a simulation of every
+rank's gathered buffer and flags), the chunk math of the wait prologue, the Python mirrors of the
+CUDA parameter structs (checked by NVRTC static_asserts), the kernels compile without spills,
+call-record mismatch messages, and every argument check's error before any launch."""
+from __future__ import annotations
+
+import itertools
+import struct
+import re
+import numpy as np
+import pytest
+
+from rawflux.dist.layout import OP_AG_GEMM, StatusRecord
+from rawflux.ops import _collective as C
+from rawflux.ops import ag_gemm as A
+from rawflux.runtime import DType, arrays
+
+WORLDS = (2, 3, 4, 8)
+
+
+# --------------------------------------------------------------------------------------------
+# protocol
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_step_is_a_permutation(world):
+    for order in (A.push_targets, A.pull_sources):
+        table = [order(r, world) for r in range(world)]
+        for step in range(world - 1):
+            targets = [table[r][step] for r in range(world)]
+            assert sorted(targets) == list(range(world)), (order.__name__, step, targets)
+            assert all(t != r for r, t in enumerate(targets))  # nobody copies to / from itself
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_push_delivers_chunks_in_the_gemm_order(world):
+    # At step s rank r writes chunk r into rank r - s; so rank q receives chunk q + s at step s.
+    received = {q: [] for q in range(world)}
+    for step in range(world - 1):
+        for r in range(world):
+            received[A.push_targets(r, world)[step]].append(r)
+    for q in range(world):
+        assert [q] + received[q] == A.arrival_order(q, world)
+        # the engine's rotation visits segments q, q+1, ... (upward): the first remote chunk it
+        # needs is the first to arrive
+        assert A.arrival_order(q, world)[1] == (q + 1) % world
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_pull_fetches_in_the_gemm_order(world):
+    for r in range(world):
+        assert [r] + A.pull_sources(r, world) == A.arrival_order(r, world)
+
+
+def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
+    """Run every rank's schedule on host buffers (each side stream in order, streams in
+    any interleaving), check flags are set only after their data and every buffer ends full."""
+    rng = np.random.default_rng(seed)
+    shards = [rng.standard_normal((m_local, k)) for _ in range(world)]
+    gath = [np.full((world * m_local, k), np.nan) for _ in range(world)]
+    ready = [np.zeros(world, dtype=np.int64) for _ in range(world)]
+    epoch = 7
+    # phase 1: everything before the last barrier (local copies); phase 2: side work
+    queues = []
+    for r in range(world):
+        steps = A.schedule(direction, copy, r, world, sides)
+        kinds = [s.kind for s in steps]
+        last_barrier = max(i for i, kd in enumerate(kinds) if kd == "barrier")
+        assert "local" in kinds[:last_barrier], "own rows and the call record must precede the last barrier"
+        if direction == "pull":
+            assert kinds[:3] == ["barrier", "local", "barrier"]
+        for st in steps[:last_barrier]:
+            if st.kind == "local":
+                gath[r][r * m_local:(r + 1) * m_local] = shards[r]
+        after = steps[last_barrier + 1:]
+        assert after[0].kind == "fork" and after[-1].kind == "join" and after[-2].kind == "check"
+        work = [s for s in after if s.kind in ("copy", "flag", "sm_copy")]
+        if any(s.kind == "sm_copy" for s in work):
+            work = A.sm_copy_steps(direction, r, world)
+        per_side = {}
+        for s in work:
+            per_side.setdefault(s.side, []).append((r, s))
+        queues += list(per_side.values())
+    # interleave the side queues round-robin (any interleaving must work)
+    pos = [0] * len(queues)
+    while any(p < len(q) for p, q in zip(pos, queues)):
+        for qi, q in enumerate(queues):
+            if pos[qi] >= len(q):
+                continue
+            r, s = q[pos[qi]]
+            pos[qi] += 1
+            rows = slice(s.chunk * m_local, (s.chunk + 1) * m_local)
+            if s.kind == "copy":
+                src = shards[r] if s.src == "shard" else gath[s.src_rank][rows]
+                assert not np.isnan(src).any(), f"rank {r} copies chunk {s.chunk} before it exists"
+                gath[s.dst_rank][rows] = src
+            else:
+                assert ready[s.dst_rank][s.chunk] < epoch
+                assert np.array_equal(gath[s.dst_rank][rows], shards[s.chunk]), "flag set before its data"
+                ready[s.dst_rank][s.chunk] = epoch
+    full = np.concatenate(shards)
+    for r in range(world):
+        assert np.array_equal(gath[r], full), f"rank {r}'s gathered buffer"
+        assert all(ready[r][q] == epoch for q in range(world) if q != r), f"rank {r}'s flags {ready[r]}"
+        assert ready[r][r] == 0  # the own chunk needs no flag: it is in place before the GEMM
+
+
+@pytest.mark.parametrize("direction,copy,sides", [("push", "ce", 1), ("pull", "ce", 1), ("push", "ce", 3), ("pull", "ce", 2),
+                                                  ("push", "sm", 1), ("pull", "sm", 1)])
+@pytest.mark.parametrize("world", WORLDS)
+def test_schedule_gathers_everything(direction, copy, sides, world):
+    _simulate(direction, copy, world, sides)
+
+
+def test_simulation_can_fail():
+    # flag before the data: the simulation must notice
+    orig = A.schedule
+
+    def broken(direction, copy, rank, world, sides=1):
+        steps = orig(direction, copy, rank, world, sides)
+        i = next(i for i, s in enumerate(steps) if s.kind == "copy")
+        steps[i], steps[i + 1] = steps[i + 1], steps[i]
+        return steps
+
+    A.schedule = broken
+    try:
+        with pytest.raises(AssertionError, match="flag set before its data"):
+            _simulate("push", "ce", 4, 1)
+    finally:
+        A.schedule = orig
+
+
+def test_gemm_is_issued_before_the_copies():
+    steps = A.schedule("push", "ce", 0, 4)
+    kinds = [s.kind for s in steps]
+    assert kinds.index("gemm") < kinds.index("copy")
+    assert kinds.index("fork") < kinds.index("gemm")
+
+
+def test_schedule_rejects_unknown_modes():
+    with pytest.raises(ValueError):
+        A.schedule("sideways", "ce", 0, 2)
+
+
+def test_chunk_span_matches_brute_force():
+    for m_local, m0, rows in itertools.product((1, 3, 64, 100, 128), range(0, 400, 7), (1, 5, 64, 128)):
+        first, last = A.chunk_span(m0, rows, m_local)
+        touched = sorted({r // m_local for r in range(m0, m0 + rows)})
+        assert (first, last) == (touched[0], touched[-1])
+    assert A.chunk_span(10, 0, 4) == (0, -1)
+
+
+def test_default_copy_sms(monkeypatch):
+    monkeypatch.delenv("RAWFLUX_AG_COPY_SMS", raising=False)
+    assert A.default_copy_sms(132) == 16
+    assert A.default_copy_sms(14) == 3
+    assert A.default_copy_sms(2) == 1
+    monkeypatch.setenv("RAWFLUX_AG_COPY_SMS", "200")
+    assert A.default_copy_sms(132) == 131
+    monkeypatch.setenv("RAWFLUX_AG_COPY_SMS", "0")
+    with pytest.raises(ValueError, match="RAWFLUX_AG_COPY_SMS"):
+        A.default_copy_sms(132)
+
+
+def test_env_switches(monkeypatch):
+    from rawflux import env
+
+    monkeypatch.setenv("RAWFLUX_AG_DIRECTION", "PULL")
+    monkeypatch.setenv("RAWFLUX_AG_COPY", "sm")
+    assert env.ag_direction() == "pull" and env.ag_copy() == "sm"
+    monkeypatch.setenv("RAWFLUX_AG_DIRECTION", "both")
+    with pytest.raises(ValueError, match="push' or 'pull"):
+        env.ag_direction()
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA side: struct mirrors and compilation (NVRTC, no GPU)
+
+nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+from rawflux.jit import compile_cubin, kernel_source  # noqa: E402
+
+
+def _layout_asserts() -> str:
+    lines = ['#include "rawflux/fused/ag_gemm.cuh"', "namespace rawflux {"]
+
+    def fields(struct_name, st: "struct.Struct", names):
+        lines.append(f'static_assert(sizeof({struct_name}) == {st.size}, "{struct_name} size");')
+        off = 0
+        for name, code in zip(names, re.findall(r"[a-zA-Z]", st.format.lstrip("<"))):
+            if name:
+                lines.append(f'static_assert(__builtin_offsetof({struct_name}, {name}) == {off}, "{struct_name}.{name}");')
+            off += {"Q": 8, "q": 8, "i": 4, "I": 4}[code]
+
+    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "m_local", "rank", "world", "pad"))
+    fields("AgLocalArgs", A.AG_LOCAL_ARGS, ("group_ctrl", "src", "dst", "meta", "src_pitch", "m_local", "row_vecs", "op", "ahead"))
+    fields("AgCopyArgs", A.AG_COPY_ARGS,
+           ("group_ctrl", "src", "gath_peers", "ready_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "pad"))
+    lines += [
+        f'static_assert(sizeof(MetaFields) == {A.META_FIELDS_STRUCT.size}, "MetaFields");',
+        f'static_assert(kMetaWords == {C.META_WORDS} && kMetaSlotBytes == {C.META_SLOT_BYTES}, "meta words");',
+        f'static_assert(kStateCallMismatch == {C.STATE_CALL_MISMATCH}, "mismatch state");',
+        f'static_assert(kAgPush == {A.DIRECTIONS["push"]} && kAgPull == {A.DIRECTIONS["pull"]}, "directions");',
+        f'static_assert(kOpAgGemm == {OP_AG_GEMM}, "op id");',
+        "}  // namespace rawflux",
+        "__global__ void ag_layout_probe() {}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_param_structs_match_cuda():
+    compile_cubin(_layout_asserts(), arch="sm_90a")
+
+
+def test_param_struct_check_can_fail():
+    broken = _layout_asserts().replace("AgCopyArgs, mode) == 56", "AgCopyArgs, mode) == 60")
+    assert broken != _layout_asserts()
+    with pytest.raises(Exception, match="AgCopyArgs.mode"):
+        compile_cubin(broken, arch="sm_90a")
+
+
+def _no_spills(res, names):
+    for name in names:
+        r = res.resources[res.lowered[name]]
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
+
+
+def test_copy_kernels_compile_without_spills():
+    names = (A.LOCAL_KERNEL, A.COPY_KERNEL)
+    res = compile_cubin(kernel_source(A.KERNEL_FILE), arch="sm_90a", name_expressions=names, filename=A.KERNEL_FILE)
+    _no_spills(res, names)
+
+
+@pytest.mark.parametrize("arch", ("sm_90a", "sm_80"))
+def test_meta_kernels_compile_without_spills(arch):
+    names = ("rawflux::meta_publish_kernel", "rawflux::meta_check_kernel")
+    _no_spills(compile_cubin(kernel_source("ag_meta.cu"), arch=arch, name_expressions=names, filename="ag_meta.cu"), names)
+
+
+@pytest.mark.parametrize("layout,dtype", [("nk", DType.BF16), ("kn", DType.F16)])
+def test_gemm_with_wait_prologue_compiles_without_spills(layout, dtype):
+    from rawflux import tune
+
+    tile = next(t for t in tune.tiles_for(layout))
+    name = A.G.kernel_name(tile, dtype, dtype, layout, prologue=A.PROLOGUE)
+    _no_spills(compile_cubin(kernel_source(A.KERNEL_FILE), arch="sm_90a", name_expressions=(name,), filename=A.KERNEL_FILE), (name,))
+
+
+def test_every_ag_variant_is_registered():
+    from rawflux.jit import variants
+
+    names = {v.name_expr for v in variants() if v.relpath == A.KERNEL_FILE}
+    assert A.LOCAL_KERNEL in names and A.COPY_KERNEL in names
+    assert sum(A.PROLOGUE in n for n in names) >= 8
+    assert {v.name_expr for v in variants() if v.relpath == "ag_meta.cu"} == {"rawflux::meta_publish_kernel",
+                                                                              "rawflux::meta_check_kernel"}
+
+
+# --------------------------------------------------------------------------------------------
+# call-record mismatch messages
+
+
+def _rec(**kw):
+    base = dict(state=C.STATE_CALL_MISMATCH, op=OP_AG_GEMM, call_id=9, waiter=0, peer=2, index=2, expected=128,
+                observed=96, elapsed_ns=0, timeout_ns=10**10, late_mask=4, abort_from=0)
+    base.update(kw)
+    return StatusRecord(**base)
+
+
+def test_mismatch_message_names_ranks_and_field():
+    e = C.describe_failure(_rec())
+    assert isinstance(e, C.CallMismatch) and e.peer == 2
+    msg = str(e)
+    assert "ag_gemm call #9" in msg and "m_local: rank 0 has 128, rank 2 has 96" in msg
+
+
+def test_mismatch_message_dtype_and_missing_call():
+    assert "dtype: rank 0 has bf16, rank 2 has f16" in str(C.describe_failure(_rec(index=4, expected=1, observed=2)))
+    assert "did not make this call" in str(C.describe_failure(_rec(index=0, expected=9, observed=7)))
+
+
+def test_timeouts_keep_dist_message():
+    e = C.describe_failure(_rec(state=1, index=3))
+    assert type(e) is C.CollectiveTimeout and "did not signal" in str(e)
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks (a world-1 op object on fake device memory; nothing is launched)
+
+BASE = 0x7F00_0000_0000
+
+
+class FakeGroup:
+    """What an op object reads of a Group (a plain class: op objects keep weak references)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class FakeCAI:
+    def __init__(self, ptr, shape, typestr="<V2", strides=None):
+        self.__cuda_array_interface__ = {"version": 3, "data": (ptr, False), "shape": tuple(shape), "typestr": typestr,
+                                         "strides": strides}
+
+
+@pytest.fixture
+def op(monkeypatch):
+    monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
+    from rawflux import tune
+
+    monkeypatch.setattr(tune, "device_info", lambda dev: tune.DeviceInfo(132, (9, 0), 50 << 20, "fake"))
+    group = FakeGroup(rank=0, world=1, device_id=0, timeout_s=5.0, closed=False)
+    o = A.AGGemm(group, 256, 64, 128, "bf16")
+    # Any launch would be a bug in these tests: make it loud.
+    monkeypatch.setattr(A.G, "gemm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    return o
+
+
+def _a(rows=64, k=128, ptr=BASE, typestr="<V2", strides=None):
+    return FakeCAI(ptr, (rows, k), typestr, strides)
+
+
+def _b(n=64, k=128, ptr=BASE + (1 << 24)):
+    return FakeCAI(ptr, (n, k))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda op: op(_a(k=64), _b()), r"a_shard has shape \(64, 64\) but \(\*, 128\)"),
+    (lambda op: op(_a(rows=300), _b()), r"m = 300 x 1 ranks = 300, above this op's max_m = 256"),
+    (lambda op: op(_a(rows=0), _b()), r"no rows"),
+    (lambda op: op(_a(typestr="<f4"), _b()), r"a_shard has dtype f32 but must be bf16"),
+    (lambda op: op(_a(), _b(n=32)), r"b has shape \(32, 128\) but \(64, 128\)"),
+    (lambda op: op(_a(ptr=BASE + 8), _b()), r"not 16-byte aligned"),
+    (lambda op: op(_a(), _b(), bias=FakeCAI(BASE + (2 << 24), (32,))), r"bias must have shape \(64,\)"),
+    (lambda op: op(_a(), _b(), gathered_out=FakeCAI(BASE + (3 << 24), (32, 128))), r"gathered_out has shape"),
+    (lambda op: op(_a(), _b(), gathered_out=FakeCAI(BASE + 256, (64, 128))), r"overlaps input a_shard"),
+    (lambda op: op(_a(), _b(), config="fast"), r"config must be a rawflux.tune.GemmConfig"),
+])
+def test_bad_calls_raise_before_launch(op, call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(lambda *a, **k: op(*a, stream=0, **k))  # an explicit stream: no CUDA call to find one
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n=60), r"n = 60 .* multiple of 8"),
+    (dict(k=12), r"k = 12 must be a positive multiple of 8"),
+    (dict(dtype="f32"), r"dtype must be bf16 or f16"),
+    (dict(b_layout="mk"), r"b_layout must be 'nk'"),
+    (dict(direction="up"), r"direction must be 'push' or 'pull'"),
+    (dict(copy="dma"), r"copy must be 'ce'"),
+    (dict(max_m=0), r"max_m = 0 must be at least the world size"),
+    (dict(out_dtype="f16"), r"out_dtype f16 is not supported for bf16"),
+])
+def test_bad_construction_raises(monkeypatch, kwargs, match):
+    from rawflux import tune
+
+    monkeypatch.setattr(tune, "device_info", lambda dev: tune.DeviceInfo(132, (9, 0), 50 << 20, "fake"))
+    group = FakeGroup(rank=0, world=1, device_id=0, timeout_s=5.0, closed=False)
+    args = dict(max_m=256, n=64, k=128, dtype="bf16") | kwargs
+    with pytest.raises((ValueError, TypeError), match=match):
+        A.AGGemm(group, args.pop("max_m"), args.pop("n"), args.pop("k"), args.pop("dtype"), **args)
+
+
+def test_functional_form_checks(monkeypatch):
+    monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
+    group = FakeGroup(rank=0, world=2, device_id=0, timeout_s=5.0, closed=False)
+    with pytest.raises(ValueError, match="k differs"):
+        A.ag_gemm(_a(), FakeCAI(BASE + (1 << 24), (64, 96)), group, stream=0)
+    with pytest.raises(TypeError, match="bf16 or f16"):
+        A.ag_gemm(_a(typestr="<f4"), _b(), group, stream=0)
+    with pytest.raises(ValueError, match="direction must be"):
+        A.ag_gemm(_a(), _b(), group, direction="x", stream=0)
+
+
+# --------------------------------------------------------------------------------------------
+# OpCache (world 1: no agreement needed)
+
+
+class _FakeOp:
+    def __init__(self, group, key, cap):
+        self.group, self.key, self.max_m, self.closed = group, key, cap, False
+
+    def close(self):
+        self.closed = True
+
+
+def test_op_cache_grows_and_reuses():
+    made = []
+
+    def make(group, key, cap):
+        made.append(cap)
+        return _FakeOp(group, key, cap)
+
+    cache = C.OpCache(make, lambda op: op.max_m)
+    g = FakeGroup(world=1, closed=False, timeout_s=1.0)
+    a = cache.get(g, ("k",), 100, round_to=64)
+    assert a.max_m == 128 and cache.get(g, ("k",), 128) is a
+    b = cache.get(g, ("k",), 129, round_to=64)
+    assert b is not a and a.closed and b.max_m == 256  # doubles: few regrowths over a run
+    assert cache.get(g, ("other",), 10).max_m == 10
+    assert made == [128, 256, 10]
+
+
+# --------------------------------------------------------------------------------------------
+# a whole call at world 4 with every CUDA entry point faked: what is issued, in which order, with
+# which pointers (catches host-side slips that only a GPU run would otherwise show)
+
+
+class _Buf:
+    def __init__(self, name, nbytes, rank, world, base):
+        self.name, self.nbytes = name, nbytes
+        self.peer_ptrs = [base + (q << 32) for q in range(world)]
+        self.ptr = self.peer_ptrs[rank]
+        self.peer_table_ptr = base + (1 << 40)
+
+
+class _Status:
+    state = 0
+    failed = False
+
+
+class _Group:
+    def __init__(self, rank, world, log):
+        self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
+        self.log, self._n = log, 0
+        self.group_ctrl_ptr = 0x5000_0000
+        self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
+        self.status = _Status()
+
+    def symmetric(self, nbytes, name):
+        self._n += 1
+        return _Buf(name, nbytes, self.rank, self.world, (0x10 + self._n) << 44)
+
+    def barrier(self, stream):
+        self.log.append(("barrier", stream))
+
+    def free_symmetric(self, buf):
+        pass
+
+
+class _Kernel:
+    def __init__(self, name, log):
+        self.name, self.log, self.handle, self.symbol = name, log, hash(name), name
+
+    def launch(self, grid, block, args, stream=None, **kw):
+        self.log.append(("kernel", self.name.split("::")[-1], stream))
+
+    def set_max_dynamic_smem(self, n):
+        pass
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    import cupy
+    from cupy.cuda import runtime
+
+    from rawflux import tune
+    from rawflux.ops import gemm as G
+
+    log = []
+    monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
+    monkeypatch.setattr(tune, "device_info", lambda dev: tune.DeviceInfo(132, (9, 0), 50 << 20, "fake"))
+    handles = itertools.count(0x100)
+    monkeypatch.setattr(runtime, "streamCreateWithFlags", lambda flags: next(handles))
+    monkeypatch.setattr(runtime, "eventCreateWithFlags", lambda flags: next(handles))
+    monkeypatch.setattr(runtime, "eventRecord", lambda ev, s: log.append(("record", ev, s)))
+    monkeypatch.setattr(runtime, "streamWaitEvent", lambda s, ev, flags=0: log.append(("wait", s, ev)))
+    monkeypatch.setattr(runtime, "memcpyAsync", lambda dst, src, n, kind, s: log.append(("memcpy", dst, src, n, s)))
+    monkeypatch.setattr(runtime, "memcpy2DAsync",
+                        lambda dst, dp, src, sp, w, h, kind, s: log.append(("memcpy2d", dst, src, w * h, s, dp, sp)))
+
+    class _Dev:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *e):
+            return False
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(cupy.cuda, "Device", _Dev)
+
+    class _Arr:
+        data = types_ns(ptr=0x7000_0000)
+
+    monkeypatch.setattr(cupy, "zeros", lambda *a, **k: _Arr())
+    monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _Kernel(name, log))
+    cfg = G.GemmConfig(next(iter(__import__("rawflux.tune", fromlist=["TILES"]).TILES)), splits=3)
+    monkeypatch.setattr(G, "pick_config", lambda *a, **k: cfg)
+    plan = types_ns(kernel=_Kernel("gemm_kernel", log), grid=132, threads=384, cluster=2, smem=200000, box_a=(128, 64), box_b=(128, 64))
+    plans = []
+    monkeypatch.setattr(G, "_plan", lambda *a: plans.append(a) or plan)
+    monkeypatch.setattr(G, "tensor_map", lambda ptr, *a: ("tmap", ptr) + a)
+    monkeypatch.setattr(G, "_launch", lambda kern, grid, threads, cluster, smem, s, args: log.append(
+        ("launch", kern.name.split("::")[-1], s, grid, args)))
+    yield log, plans
+
+
+def types_ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
+
+
+@pytest.mark.parametrize("direction,copy", [("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm")])
+def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
+    log, plans = fake_cuda
+    rank, world, m_loc, n, k = 1, 4, 100, 64, 128
+    row = 2 * k
+    op = A.AGGemm(_Group(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy)
+    main = 0x42
+    a = FakeCAI(BASE, (m_loc, k))
+    out = FakeCAI(BASE + (1 << 30), (m_loc * world, n))
+    b = FakeCAI(BASE + (2 << 30), (n, k))
+    log.clear()
+    res = op(a, b, out=out, stream=main)
+    assert res is out
+    kinds = [e[0] if e[0] not in ("kernel", "launch") else e[1] for e in log]
+    gath, ready = op._gath, op._ready
+    chunk = m_loc * row
+    # own rows + record before the last barrier, on the main stream
+    local = next(e for e in log if e[0] == "launch" and e[1] == "ag_local_kernel")
+    args = A.AG_LOCAL_ARGS.unpack(local[4][0])
+    assert local[2] == main and args[2] == gath.ptr + rank * chunk and args[1] == BASE and args[5] == m_loc
+    barriers = [i for i, kd in enumerate(kinds) if kd == "barrier"]
+    assert len(barriers) == (1 if direction == "push" else 2)
+    assert kinds.index("ag_local_kernel") < barriers[-1]
+    if direction == "pull":
+        assert barriers[0] < kinds.index("ag_local_kernel")
+    # the GEMM: on main after the barrier, rotated to this rank, split-K off, waiting on own flags
+    g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
+    assert g[2] == main and kinds.index("gemm_kernel") > barriers[-1]
+    tmap_a, _, params, pro, _ = g[4]
+    assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
+    assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
+    p = A.G.GEMM_PARAMS.unpack(params)
+    assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == (world, rank)  # m, splits, seg_count/seg_start
+    assert p[14] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
+    assert plans[-1][9] == A.KERNEL_FILE and plans[-1][11] == A.PROLOGUE
+    sides = op.side_streams
+    if copy == "ce":
+        data = [e for e in log if e[0] in ("memcpy2d", "memcpy") and e[3] != 4]
+        flags = [e for e in log if e[0] == "memcpy" and e[3] == 4]
+        assert len(data) == len(flags) == world - 1
+        if direction == "push":
+            assert [d[1] for d in data] == [gath.peer_ptrs[q] + rank * chunk for q in A.push_targets(rank, world)]
+            assert all(d[2] == BASE and d[3] == chunk and d[5] == row for d in data)
+            assert [f[1] for f in flags] == [ready.peer_ptrs[q] + 4 * rank for q in A.push_targets(rank, world)]
+        else:
+            srcs = A.pull_sources(rank, world)
+            assert [d[1] for d in data] == [gath.ptr + q * chunk for q in srcs]
+            assert [d[2] for d in data] == [gath.peer_ptrs[q] + q * chunk for q in srcs]
+            assert [f[1] for f in flags] == [ready.ptr + 4 * q for q in srcs]
+        assert all(f[2] == op.epoch_ptr for f in flags)  # the flag is the device-resident epoch
+        assert all(e[4] in sides for e in data + flags)
+        # each flag follows its data copy on the same side stream
+        for d, f in zip(data, flags):
+            assert log.index(d) < log.index(f) and d[4] == f[4]
+    else:
+        cp_ = next(e for e in log if e[0] == "launch" and e[1] == "ag_copy_kernel")
+        assert cp_[2] == sides[0] and cp_[3] == op.copy_sms
+        ca = A.AG_COPY_ARGS.unpack(cp_[4][0])
+        assert ca[2] == gath.peer_table_ptr and ca[3] == ready.peer_table_ptr and ca[8] == A.DIRECTIONS[direction]
+        assert op.last_config.ctas == 132 - op.copy_sms
+    check = next(e for e in log if e[0] == "kernel" and e[1] == "meta_check_kernel")
+    assert check[2] == sides[0]
+    # fork after the last barrier, join (main waits for every side) at the end
+    waits = [e for e in log if e[0] == "wait"]
+    assert waits[-1][1] == main and {w[1] for w in waits[:len(sides)]} == set(sides)
+    assert log[-1][0] == "wait" and log[-1][1] == main
+
+
+def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
+    log, _ = fake_cuda
+    op = A.AGGemm(_Group(0, 2, log), 256, 64, 128, "bf16")
+    a = FakeCAI(BASE, (128, 128))
+    g_out = FakeCAI(BASE + (3 << 30), (256, 128))
+    op(a, FakeCAI(BASE + (2 << 30), (64, 128)), out=FakeCAI(BASE + (1 << 30), (256, 64)), gathered_out=g_out, stream=7)
+    last_copy = [e for e in log if e[0] == "memcpy"][-1]
+    assert last_copy[1:4] == (BASE + (3 << 30), op._gath.ptr, 256 * 128 * 2) and last_copy[4] == 7
+    with pytest.raises(ValueError, match="above this op's max_m = 256"):
+        op(FakeCAI(BASE, (129, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), stream=7)

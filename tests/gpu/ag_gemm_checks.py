@@ -1,0 +1,694 @@
+#!/usr/bin/env python3
+"""rawflux.ag_gemm checks at several world sizes: world 1 on the plain GPU, W > 1 on the emulated
+node (N ranks on one GPU under MPS) or one rank per GPU (--real).
+
+    python tests/gpu/ag_gemm_checks.py                      # worlds 1, 2, 4, 8
+    python tests/gpu/ag_gemm_checks.py --worlds 2 --quick   # fewer calls / replays
+    python tests/gpu/ag_gemm_checks.py --real --worlds 8
+
+For each world size it launches this script again with --worker (``python -m rawflux.launch
+--emulate W`` / ``-n 1`` for world 1); rank 0 prints one line per check
+("ag_gemm world=W <check> PASS|FAIL|SKIP  detail") and the driver ends with a summary line.
+Every check runs for each gather path where it applies (direction push|pull x copy ce|sm):
+
+  bitwise[...]    out bitwise equal to rawflux.gemm on the gathered A with the op's own config
+                  (nk and kn, with and without bias); gathered A bitwise equal to every rank's
+                  shard (regenerated locally from the shared seed); m/W values that are not
+                  multiples of the tile (1, 3, 65, 127, 129, 200 ...)
+  accuracy        vs a float64 reference (within 1.5x cuBLAS's error) and vs rawflux.baseline.ag_gemm
+  gathered_nccl   gathered A bitwise equal to NCCL's all-gather (SKIP when NCCL cannot run here)
+  random_calls    1,000 back-to-back calls, random m and gather path, no barrier from the caller,
+                  every call checked (out vs rawflux.gemm on the gathered view; gathered vs shards)
+  graph[...]      one call captured in a CUDA graph, replayed 100 times with fresh data copied
+                  into the same input buffer, every replay checked
+  timing          fused vs rawflux.gemm on pre-gathered A (information); world 1: ag_gemm must
+                  take <= 1.02x rawflux.gemm at m >= 1024
+  mismatch_m[...] a fresh group (short timeout); the last rank calls with another m: every rank
+                  must raise CallMismatch naming m_local within seconds
+  skip[...]       a fresh group; the last rank skips the call: the others must raise
+                  CollectiveTimeout within seconds, and the skipping rank on its next call
+Outputs are poisoned (NaN) before every run; inputs are fresh random data for every call.
+Exit status 0 only if every check passed (or skipped) at every world size.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+MODES = (("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm"))
+ODD_M_LOCAL = (1, 3, 65, 127, 129, 200)
+
+
+class Skip(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# data (bf16 through bit operations only: nothing relies on CuPy's bf16 arithmetic)
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def bf16_dtype():
+    from rawflux.runtime import DType
+
+    return DType.BF16.np
+
+
+def from_f32(x32):
+    cp = _cp()
+    u = x32.view(cp.uint32)
+    r = ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)  # round to nearest even
+    return r.view(bf16_dtype())
+
+
+def rand(shape, seed: int, scale: float = 1.0):
+    cp = _cp()
+    x = cp.random.RandomState(int(seed) & 0x7FFFFFFF).standard_normal(shape, dtype=cp.float32)
+    if scale != 1.0:
+        x *= cp.float32(scale)
+    return from_f32(x)
+
+
+def bits(x):
+    return x.view(_cp().uint16)
+
+
+def f64(x):
+    cp = _cp()
+    if x.dtype == bf16_dtype():
+        return (x.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+    return x.astype(cp.float64)
+
+
+def poisoned(shape):
+    out = _cp().empty(shape, dtype=bf16_dtype())
+    bits(out).fill(0x7FC0)  # NaN: an element the op forgets to write shows up
+    return out
+
+
+def shard_seed(seed: int, q: int) -> int:
+    return seed * 131 + 7 * q + 1
+
+
+def shard(seed: int, q: int, m_loc: int, k: int):
+    """Rank q's shard of call `seed`: every rank can regenerate every shard (no communication)."""
+    return rand((m_loc, k), shard_seed(seed, q))
+
+
+def full_a(seed: int, world: int, m_loc: int, k: int):
+    return _cp().concatenate([shard(seed, q, m_loc, k) for q in range(world)], axis=0)
+
+
+def weight(seed: int, rank: int, n: int, k: int, layout: str):
+    return rand((n, k) if layout == "nk" else (k, n), seed * 977 + 31 * rank + 5, scale=0.125)
+
+
+def rel(x, ref) -> float:
+    cp = _cp()
+    return float(cp.linalg.norm(f64(x) - ref) / cp.linalg.norm(ref))
+
+
+def diff_rows(x, y):
+    """Rows (as a host list) where x and y differ bitwise."""
+    cp = _cp()
+    return cp.nonzero(cp.any(bits(x) != bits(y), axis=1))[0].get().tolist()
+
+
+def chunks_of(rows, m_loc):
+    return sorted({r // m_loc for r in rows})
+
+
+# --------------------------------------------------------------------------------------------
+# context: one group, one stream, op objects per (mode, shape)
+
+
+class Ctx:
+    def __init__(self, comm, group, seed: int, quick: bool):
+        import cupy
+
+        self.comm, self.group = comm, group
+        self.rank, self.world = group.rank, group.world
+        self.dev = cupy.cuda.Device(group.device_id)
+        self.dev.use()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.seed = seed
+        self.quick = quick
+        self.ops = {}
+
+    def next_seed(self) -> int:
+        self.seed += 1
+        return self.seed
+
+    def op(self, direction, copy, n, k, layout="nk", max_m=None):
+        from rawflux import AGGemm
+
+        key = (direction, copy, n, k, layout)
+        op = self.ops.get(key)
+        want = max_m or self.world * 256
+        if op is None or op.max_m < want:
+            if op is not None:
+                op.close()
+            op = AGGemm(self.group, want, n, k, "bf16", layout, direction=direction, copy=copy)
+            self.ops[key] = op
+        return op
+
+    def gemm(self, a, b, layout, bias=None, config=None):
+        from rawflux.ops.gemm import gemm
+
+        return gemm(a, b, b_layout=layout, bias=bias, config=config, stream=self.stream)
+
+    def sync(self):
+        self.stream.synchronize()
+        self.group.raise_if_failed()
+        for op in self.ops.values():
+            op.raise_if_failed()
+
+
+
+def agree(comm, ok: bool, detail: str) -> tuple[bool, str]:
+    """One allgather: (every rank ok, the detail to print: the failing ranks' details, else
+    rank 0's). Check functions return local results and make no MPI call of their own while
+    they can still raise, so a rank that fails early never leaves the others in a collective."""
+    got = comm.allgather((bool(ok), str(detail)))
+    if all(o for o, _ in got):
+        return True, got[0][1]
+    bad = [(q, d) for q, (o, d) in enumerate(got) if not o]
+    same = len({d for _, d in bad}) == 1
+    return False, (f"ranks {[q for q, _ in bad]}: {bad[0][1]}" if same else "; ".join(f"r{q}: {d}" for q, d in bad))
+
+
+# --------------------------------------------------------------------------------------------
+# checks (each returns (ok, detail) on every rank; run on every rank together)
+
+
+def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_bias=False):
+    cp = _cp()
+    op = ctx.op(direction, copy, n, k, layout, ctx.world * max(m_locs))
+    problems = []
+    with ctx.stream:
+        for m_loc in m_locs:
+            seed = ctx.next_seed()
+            m = m_loc * ctx.world
+            a = shard(seed, ctx.rank, m_loc, k)
+            b = weight(seed, ctx.rank, n, k, layout)
+            bias = rand((n,), seed + 99 + ctx.rank) if with_bias else None
+            out = poisoned((m, n))
+            res, gview = op(a, b, bias=bias, out=out, return_gathered=True, stream=ctx.stream)
+            gath = gview.copy()  # valid until the next call: keep a copy for the comparisons
+            full = full_a(seed, ctx.world, m_loc, k)
+            ref = ctx.gemm(full, b, layout, bias, op.last_config)
+            ctx.sync()
+            if res is not out:
+                problems.append("the op did not return the caller's out")
+            grows = diff_rows(gath, full)
+            if grows:
+                problems.append(f"m/W={m_loc}: gathered rows differ in chunks {chunks_of(grows, m_loc)} "
+                                f"(first row {grows[0]}, {len(grows)} rows)")
+            nan = int(cp.isnan(f64(out)).sum())
+            crows = diff_rows(out, ref)
+            if crows or nan:
+                cfg = op.last_config.tag() if op.last_config else "gemm default"
+                problems.append(f"m/W={m_loc}: out differs from rawflux.gemm in {len(crows)} rows (chunks "
+                                f"{chunks_of(crows, m_loc)}), {nan} NaN, config {cfg}")
+    return not problems, "; ".join(problems[:3]) or f"m/W in {list(m_locs)}, n={n} k={k} {layout}{' +bias' if with_bias else ''}"
+
+
+def check_accuracy(ctx: Ctx, layout="nk", m_loc=256, n=512, k=2048):
+    cp = _cp()
+    import rawflux
+
+    op = ctx.op("push", "ce", n, k, layout, ctx.world * m_loc)
+    seed = ctx.next_seed()
+    m = m_loc * ctx.world
+    problems, notes = [], []
+    with ctx.stream:
+        a = shard(seed, ctx.rank, m_loc, k)
+        b = weight(seed, ctx.rank, n, k, layout)
+        out = poisoned((m, n))
+        op(a, b, out=out, stream=ctx.stream)
+        full = full_a(seed, ctx.world, m_loc, k)
+        bt = f64(b).T if layout == "nk" else f64(b)
+        ref = f64(full) @ bt
+        cublas = cp.matmul(full, b.T if layout == "nk" else b)
+        ctx.sync()
+        e_ours, e_cublas = rel(out, ref), rel(cublas, ref)
+        notes.append(f"rel err {e_ours:.2e} (cuBLAS {e_cublas:.2e})")
+        if not e_ours <= 1.5 * e_cublas + 1e-6:
+            problems.append(f"rel err vs float64 {e_ours:.3e} > 1.5x cuBLAS's {e_cublas:.3e}")
+        from rawflux import env
+
+        try:
+            if env.emulated_node() and ctx.world > 1:
+                raise RuntimeError("emulated node: NCCL refuses several ranks on one GPU")
+            base = poisoned((m, n))
+            rawflux.baseline.ag_gemm(a, b, ctx.group, b_layout=layout, out=base, stream=ctx.stream)
+            ctx.sync()
+            e_base = rel(out, f64(base))
+            notes.append(f"vs baseline {e_base:.2e}")
+            if not e_base <= 3 * max(e_ours, e_cublas) + 1e-6:
+                problems.append(f"vs rawflux.baseline.ag_gemm {e_base:.3e} > 3x max(ours, cuBLAS)")
+        except Exception as e:  # noqa: BLE001 - NCCL may refuse several ranks per GPU (emulated node)
+            notes.append(f"baseline not run ({type(e).__name__}: {str(e)[:80]})")
+    return not problems, "; ".join(problems) or ", ".join(notes)
+
+
+def check_gathered_nccl(ctx: Ctx, m_loc=200, n=128, k=512):
+    cp = _cp()
+    from rawflux import env
+
+    if env.emulated_node() and ctx.world > 1:
+        raise Skip("emulated node: NCCL refuses several ranks on one GPU (the gathered A is checked bitwise "
+                   "against every rank's shard in bitwise[...] instead)")
+    try:
+        nccl = ctx.group.nccl()
+    except Exception as e:  # noqa: BLE001
+        raise Skip(f"NCCL unavailable here: {str(e)[:120]}") from None
+    op = ctx.op("push", "ce", n, k, "nk", ctx.world * m_loc)
+    seed = ctx.next_seed()
+    problems = []
+    with ctx.stream:
+        a = shard(seed, ctx.rank, m_loc, k)
+        b = weight(seed, ctx.rank, n, k, "nk")
+        _, gview = op(a, b, return_gathered=True, stream=ctx.stream)
+        gath = gview.copy()
+        ng = cp.empty_like(gath)
+        nccl.allGather(a.data.ptr, ng.data.ptr, a.size, 9, ctx.stream.ptr)  # 9: ncclBfloat16
+        ctx.sync()
+        rows = diff_rows(gath, ng)
+        if rows:
+            problems.append(f"gathered differs from NCCL all-gather in chunks {chunks_of(rows, m_loc)}")
+    return not problems, "; ".join(problems) or f"m/W={m_loc} k={k}: bitwise equal"
+
+
+def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
+    """Back-to-back calls, random m and path, no caller barrier; mismatches counted on the
+    device per call (no host sync inside the loop)."""
+    import numpy as np
+
+    cp = _cp()
+    rng = np.random.default_rng(ctx.next_seed())  # same sequence on every rank
+    ops = [ctx.op(d, c, n, k, "nk", ctx.world * max_m_loc) for d, c in MODES]
+    bad_out = cp.zeros(calls, dtype=cp.int32)
+    bad_gath = cp.zeros(calls, dtype=cp.int32)
+    out = cp.empty((ctx.world * max_m_loc, n), dtype=bf16_dtype())
+    modes_used, m_used = [], []
+    with ctx.stream:
+        b = weight(ctx.next_seed(), ctx.rank, n, k, "nk")
+        t0 = time.perf_counter()
+        for i in range(calls):
+            mode = int(rng.integers(len(MODES)))
+            m_loc = int(rng.integers(1, max_m_loc + 1))
+            seed = ctx.next_seed()
+            m = m_loc * ctx.world
+            op = ops[mode]
+            a = shard(seed, ctx.rank, m_loc, k)
+            o = out[:m]
+            bits(o).fill(0x7FC0)
+            _, gview = op(a, b, out=o, return_gathered=True, stream=ctx.stream)
+            r = ctx.gemm(gview, b, "nk", None, op.last_config)  # gview valid until the next call
+            bad_out[i] = cp.count_nonzero(bits(r) != bits(o))
+            bad_gath[i] = cp.count_nonzero(bits(gview) != bits(full_a(seed, ctx.world, m_loc, k)))
+            modes_used.append(mode)
+            m_used.append(m_loc)
+        ctx.sync()
+        dt = time.perf_counter() - t0
+    bo, bg = bad_out.get(), bad_gath.get()
+    bad = [i for i in range(calls) if bo[i] or bg[i]]
+    detail = ""
+    if bad:
+        i = bad[0]
+        d, c = MODES[modes_used[i]]
+        detail = (f"{len(bad)} bad calls; first: call {i} ({d}/{c}, m/W={m_used[i]}): {bo[i]} out elements, "
+                  f"{bg[i]} gathered elements differ")
+    return not bad, detail or f"{calls} calls over {len(MODES)} paths, m/W 1..{max_m_loc}, all checked, {dt:.1f} s"
+
+
+def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512):
+    cp = _cp()
+    op = ctx.op(direction, copy, n, k, "nk", ctx.world * m_loc)
+    m = m_loc * ctx.world
+    seed0 = ctx.next_seed()
+    a_in = shard(seed0, ctx.rank, m_loc, k)
+    b = weight(seed0, ctx.rank, n, k, "nk")
+    out = poisoned((m, n))
+    bad_out = cp.zeros(replays, dtype=cp.int32)
+    bad_gath = cp.zeros(replays, dtype=cp.int32)
+    s = ctx.stream
+    with s:
+        op(a_in, b, out=out, stream=s)  # warm-up: kernels compiled and loaded, plans cached
+        ctx.sync()
+        s.begin_capture()  # capturing runs nothing: no need to align the ranks
+        try:
+            op(a_in, b, out=out, stream=s)
+        finally:
+            graph = s.end_capture()
+        seeds = []
+        for i in range(replays):
+            seed = ctx.next_seed()
+            seeds.append(seed)
+            a_in[...] = shard(seed, ctx.rank, m_loc, k)  # fresh data into the captured input buffer
+            bits(out).fill(0x7FC0)
+            graph.launch(s)
+            full = full_a(seed, ctx.world, m_loc, k)
+            ref = ctx.gemm(full, b, "nk", None, op.last_config)
+            bad_out[i] = cp.count_nonzero(bits(ref) != bits(out))
+            gathered = op.gathered(m) if ctx.world > 1 else a_in  # world 1: the gathered A is a_shard itself
+            bad_gath[i] = cp.count_nonzero(bits(gathered) != bits(full))
+        ctx.sync()
+    bo, bg = bad_out.get(), bad_gath.get()
+    bad = [i for i in range(replays) if bo[i] or bg[i]]
+    detail = f"{len(bad)} bad replays; first: replay {bad[0]}: {bo[bad[0]]} out / {bg[bad[0]]} gathered elements differ" if bad else ""
+    return not bad, detail or f"{replays} replays with fresh data, m/W={m_loc}, all bitwise right"
+
+
+def _time_ms(stream, fn, iters=20, reps=7):
+    cp = _cp()
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(reps):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(iters):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) / iters)
+    return statistics.median(samples)
+
+
+def check_timing(ctx: Ctx):
+    """World 1: ag_gemm <= 1.02x rawflux.gemm at m >= 1024 (the bar; the paper's TP=8 shard
+    (n, k) = (6144, 12288)). World > 1: the fused time next to the GEMM alone on the gathered A
+    (exposed communication), for information only (an emulated node time-slices one GPU)."""
+    notes, problems = [], []
+    s = ctx.stream
+    if ctx.world == 1:
+        n, k, ms_loc = 6144, 12288, (1024, 4096)
+    else:
+        n, k, ms_loc = 4096, 4096, (4096 // ctx.world,)
+    for m_loc in ms_loc:
+        seed = ctx.next_seed()
+        m = m_loc * ctx.world
+        op = ctx.op("push", "ce", n, k, "nk", m)
+        with s:
+            a = shard(seed, ctx.rank, m_loc, k)
+            b = weight(seed, ctx.rank, n, k, "nk")
+            out = _cp().empty((m, n), dtype=bf16_dtype())
+            op(a, b, out=out, stream=s)
+            cfg = op.last_config
+            full = full_a(seed, ctx.world, m_loc, k)
+            ctx.sync()
+            ctx.comm.Barrier()
+            best = []
+            for _ in range(3):  # interleave the two, keep the better median of each
+                t_fused = _time_ms(s, lambda: op(a, b, out=out, stream=s))
+                t_gemm = _time_ms(s, lambda: ctx.gemm(full, b, "nk", None, cfg))
+                best.append((t_fused, t_gemm))
+            t_fused = min(x for x, _ in best)
+            t_gemm = min(y for _, y in best)
+            ctx.sync()
+        t_fused = max(ctx.comm.allgather(t_fused))
+        t_gemm = max(ctx.comm.allgather(t_gemm))
+        ratio = t_fused / t_gemm
+        tflops = 2.0 * m * n * k / (t_fused * 1e-3) / 1e12
+        notes.append(f"m={m}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}")
+        if ctx.world == 1 and ratio > 1.02:
+            problems.append(f"m={m}: ag_gemm {ratio:.3f}x rawflux.gemm > 1.02x")
+    return not problems, "; ".join(problems + notes)
+
+
+# --------------------------------------------------------------------------------------------
+# failure checks: each on a fresh group with a short timeout (device errors are sticky)
+
+
+def _fresh(comm, timeout_s):
+    from rawflux.dist import init
+
+    sub = comm.Dup()
+    return sub, init(sub, timeout_s=timeout_s)
+
+
+def check_mismatch_m(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
+    import cupy
+
+    from rawflux import AGGemm
+    from rawflux.dist import CollectiveTimeout
+    from rawflux.ops._collective import CallMismatch
+
+    sub, g = _fresh(comm, timeout_s)
+    ok, detail, elapsed = False, "", 0.0
+    try:
+        with cupy.cuda.Device(g.device_id):
+            s = cupy.cuda.Stream(non_blocking=True)
+            op = AGGemm(g, g.world * (m_loc + 64), n, k, "bf16", direction=direction, copy=copy)
+            with s:
+                b = weight(1, g.rank, n, k, "nk")
+                op(shard(1, g.rank, m_loc, k), b, stream=s)  # a good call first
+                op.synchronize(s)
+                comm.Barrier()
+                mine = m_loc + (64 if g.rank == g.world - 1 else 0)
+                t0 = time.perf_counter()
+                op(shard(2, g.rank, mine, k), b, stream=s)
+                try:
+                    op.synchronize(s)
+                    detail = "the mismatched call completed without an error"
+                except CallMismatch as e:
+                    elapsed = time.perf_counter() - t0
+                    ok = elapsed < timeout_s + 5.0 and ("m_local" in str(e) or "did not make this call" in str(e))
+                    detail = f"{elapsed:.2f} s: {str(e)[:200]}"
+                except CollectiveTimeout as e:  # a wait gave up first (aborted by the check): also clear
+                    elapsed = time.perf_counter() - t0
+                    ok = elapsed < timeout_s + 5.0
+                    detail = f"{elapsed:.2f} s (timeout/abort): {str(e)[:200]}"
+                # the next call must refuse to start
+                try:
+                    op(shard(3, g.rank, m_loc, k), b, stream=s)
+                    ok, detail = False, detail + "; the next call started on a failed group"
+                except CollectiveTimeout:
+                    pass
+    except Exception as e:  # noqa: BLE001
+        detail = f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            g.close()
+        finally:
+            sub.Free()
+    oks = comm.allgather(bool(ok))
+    dets = comm.allgather(detail)
+    return all(oks), f"last rank used m/W={m_loc + 64}, others {m_loc}; " + (
+        dets[0] if all(oks) else "; ".join(f"r{q}: {d}" for q, d in enumerate(dets) if not oks[q]))
+
+
+def check_skip(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
+    import cupy
+
+    from rawflux import AGGemm
+    from rawflux.dist import CollectiveTimeout
+
+    sub, g = _fresh(comm, timeout_s)
+    skip = g.world - 1
+    ok, detail, elapsed = False, "", 0.0
+    try:
+        with cupy.cuda.Device(g.device_id):
+            s = cupy.cuda.Stream(non_blocking=True)
+            op = AGGemm(g, g.world * m_loc, n, k, "bf16", direction=direction, copy=copy)
+            with s:
+                b = weight(1, g.rank, n, k, "nk")
+                op(shard(1, g.rank, m_loc, k), b, stream=s)
+                op.synchronize(s)
+                comm.Barrier()
+                if g.rank != skip:
+                    t0 = time.perf_counter()
+                    op(shard(2, g.rank, m_loc, k), b, stream=s)
+                    try:
+                        op.synchronize(s)
+                        detail = "the call completed although a rank skipped it"
+                    except CollectiveTimeout as e:
+                        elapsed = time.perf_counter() - t0
+                        named = f"rank {skip}" in str(e) or skip in e.record.late_ranks
+                        ok = elapsed < timeout_s + 5.0 and named
+                        detail = f"{elapsed:.2f} s: {str(e)[:200]}"
+                comm.Barrier()  # the skipping rank calls only after the others gave up
+                if g.rank == skip:
+                    try:
+                        op(shard(2, g.rank, m_loc, k), b, stream=s)
+                        op.synchronize(s)
+                        detail = "the skipping rank's next call did not fail"
+                    except CollectiveTimeout as e:
+                        ok, detail = True, f"its next call failed: {str(e)[:120]}"
+    except Exception as e:  # noqa: BLE001
+        detail = f"{type(e).__name__}: {e}"
+    finally:
+        try:
+            g.close()
+        finally:
+            sub.Free()
+    oks = comm.allgather(bool(ok))
+    dets = comm.allgather(detail)
+    return all(oks), f"rank {skip} skipped; " + (dets[0] if all(oks) else "; ".join(f"r{q}: {d}" for q, d in enumerate(dets) if not oks[q]))
+
+
+# --------------------------------------------------------------------------------------------
+# worker / driver
+
+
+def checks(ctx: Ctx):
+    """(name, fn) of the checks on the main group, in order."""
+    quick = ctx.quick
+    out = []
+    for d, c in (MODES if ctx.world > 1 else MODES[:1]):
+        tag = f"{d}/{c}"
+        out.append((f"bitwise[{tag},nk]", lambda d=d, c=c: check_bitwise(ctx, d, c, "nk", (256, 64, 128))))
+        out.append((f"bitwise[{tag},kn,bias]", lambda d=d, c=c: check_bitwise(ctx, d, c, "kn", (192,), with_bias=True)))
+        out.append((f"bitwise[{tag},odd_m]", lambda d=d, c=c: check_bitwise(ctx, d, c, "nk", ODD_M_LOCAL)))
+    out.append(("accuracy", lambda: check_accuracy(ctx)))
+    if ctx.world > 1:
+        out.append(("gathered_nccl", lambda: check_gathered_nccl(ctx)))
+    out.append(("random_calls", lambda: check_random_calls(ctx, 200 if quick else 1000)))
+    for d, c in (MODES if ctx.world > 1 else MODES[:1]):
+        out.append((f"graph[{d}/{c}]", lambda d=d, c=c: check_graph(ctx, d, c, 20 if quick else 100)))
+    out.append(("timing", lambda: check_timing(ctx)))
+    return out
+
+
+def worker(args) -> int:
+    from mpi4py import MPI
+
+    import rawflux
+    from rawflux.dist import init
+
+    comm = MPI.COMM_WORLD
+    world = comm.Get_size()
+    all_ok = True
+
+    def report(name, status, detail):
+        nonlocal all_ok
+        all_ok = all_ok and status != "FAIL"
+        if comm.rank == 0:
+            print(f"ag_gemm world={world} {name} {status}  {detail}", flush=True)
+
+    sub = comm.Dup()
+    group = init(sub)
+    ctx = Ctx(comm, group, args.seed, args.quick)
+    if comm.rank == 0:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(group.device_id)
+        print(f"ag_gemm world={world} info  device {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}, "
+              f"{props['multiProcessorCount']} SMs visible per rank, wait timeout {group.timeout_s:.1f} s", flush=True)
+    for name, fn in checks(ctx):
+        if args.only and not re.search(args.only, name):
+            continue
+        t0 = time.perf_counter()
+        skipped = False
+        try:
+            ok, detail = fn()
+        except Skip as e:
+            ok, detail, skipped = True, str(e), True
+        except Exception as e:  # noqa: BLE001 - reported; the group is rebuilt if it broke
+            ok, detail = False, f"{type(e).__name__}: {e} | {traceback.format_exc().splitlines()[-3].strip()}"
+        ok, detail = agree(comm, ok, detail)
+        skipped = all(comm.allgather(skipped))
+        status = "FAIL" if not ok else ("SKIP" if skipped else "PASS")
+        report(name, status, f"{detail} [{time.perf_counter() - t0:.1f} s]")
+        broken = any(comm.allgather(group.status_unchecked().failed))
+        if broken:  # device errors are sticky: a fresh group for the next checks
+            report(name + ".group", "FAIL", "the group failed; rebuilding it for the next checks")
+            group.close()
+            sub.Free()
+            sub = comm.Dup()
+            group = init(sub)
+            ctx = Ctx(comm, group, ctx.seed + 1000, args.quick)
+    for op in ctx.ops.values():
+        op.close()
+    group.close()
+    sub.Free()
+    if world > 1 and not args.only:
+        for d, c in (("push", "ce"), ("pull", "sm")):
+            for name, fn in ((f"mismatch_m[{d}/{c}]", check_mismatch_m), (f"skip[{d}/{c}]", check_skip)):
+                t0 = time.perf_counter()
+                try:
+                    ok, detail = fn(comm, d, c, args.timeout)
+                except Exception as e:  # noqa: BLE001
+                    ok, detail = False, f"{type(e).__name__}: {e}"
+                ok = all(comm.allgather(bool(ok)))
+                report(name, "PASS" if ok else "FAIL", f"{detail} [{time.perf_counter() - t0:.1f} s]")
+    rawflux.dist.finalize()
+    return 0 if all_ok else 1
+
+
+def driver(args) -> int:
+    worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("RAWFLUX_WAIT_TIMEOUT_S", "30")  # the main group: generous (MPS time-slicing, first compiles)
+    failures = []
+    passes = fails = skips = 0
+    for w in worlds:
+        mode = ["-n", str(w)] if (args.real or w == 1) else ["--emulate", str(w)]
+        cmd = [sys.executable, "-m", "rawflux.launch", *mode, os.path.abspath(__file__), "--worker", "--seed", str(args.seed),
+               "--timeout", str(args.timeout)] + (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = p.communicate(timeout=args.per_world_timeout)
+            rc = p.returncode
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            p.send_signal(signal.SIGINT)  # the launcher must get the chance to stop its MPS daemon
+            try:
+                out, _ = p.communicate(timeout=45)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            rc = "interrupted" if interrupted else "timeout"
+        got = [ln for ln in out.splitlines() if ln.startswith("ag_gemm world=")]
+        for ln in got:
+            print(ln, flush=True)
+        passes += sum(" PASS " in ln for ln in got)
+        fails += sum(" FAIL " in ln for ln in got)
+        skips += sum(" SKIP " in ln for ln in got)
+        if rc != 0 or not got or any(" FAIL " in ln for ln in got):
+            failures.append(w)
+            print(f"ag_gemm world={w} launcher exit {rc} after {time.perf_counter() - t0:.1f} s; last output:\n"
+                  + "\n".join(out.splitlines()[-60:]), flush=True)
+        if rc == "interrupted":
+            break
+    print(f"ag_gemm summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'}; "
+          f"{passes} pass, {fails} fail, {skips} skip over worlds {worlds}", flush=True)
+    return 0 if not failures else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="1,2,4,8")
+    ap.add_argument("--real", action="store_true", help="one rank per GPU (rawflux-launch -n) instead of MPS emulation")
+    ap.add_argument("--quick", action="store_true", help="200 random calls and 20 graph replays instead of 1000 / 100")
+    ap.add_argument("--only", default=None, help="regex: run only the checks whose name matches (no failure checks)")
+    ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--timeout", type=float, default=3.0, help="wait timeout (s) of the mismatch / skip checks' groups")
+    ap.add_argument("--per-world-timeout", type=float, default=420.0)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    return worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
