@@ -12,7 +12,8 @@ Device side: cuda_src/rawflux/ptx/sync.cuh (acquire/release/fences/globaltimer),
 comm/wait.cuh (bounded waits, error record), comm/signal.cuh, comm/barrier.cuh, comm/ctrl.cuh.
 """
 from ..jit import register as _register
-from .group import CollectiveTimeout, Group, current_group, finalize, groups, init
+from .group import (CallMismatch, CollectiveTimeout, Group, current_group, failure_exception, finalize, groups, init,
+                    register_failure_describer)
 from .layout import StatusRecord
 from .symm import SymmetricBuffer
 from .topology import DistError
@@ -23,5 +24,5 @@ _register("barrier.cu", "rawflux::selftest_fill_kernel", archs=("sm_90a", "sm_80
 _register("barrier.cu", "rawflux::selftest_verify_kernel", archs=("sm_90a", "sm_80"))
 _register("barrier.cu", "rawflux::selftest_wait_kernel", archs=("sm_90a", "sm_80"))
 
-__all__ = ["CollectiveTimeout", "DistError", "Group", "StatusRecord", "SymmetricBuffer", "current_group",
+__all__ = ["CallMismatch", "CollectiveTimeout", "failure_exception", "register_failure_describer", "DistError", "Group", "StatusRecord", "SymmetricBuffer", "current_group",
            "finalize", "groups", "init"]

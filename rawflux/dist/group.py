@@ -31,8 +31,8 @@ import threading
 from .. import env
 from . import topology
 from ._backend import cuda_backend
-from .layout import (CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATUS_BYTES, StatusRecord, decode_ctrl,
-                     pack_group_ctrl)
+from .layout import (CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATUS_BYTES, StatusRecord,
+                     decode_ctrl, pack_group_ctrl)
 from .symm import SymmetricBuffer, allocate, close_mappings, collective_try, free_local
 from .topology import DistError
 
@@ -44,6 +44,33 @@ class CollectiveTimeout(DistError):
     def __init__(self, message: str, record: StatusRecord | None = None):
         super().__init__(message)
         self.record = record
+
+
+class CallMismatch(CollectiveTimeout):
+    """Ranks disagreed on a call of a fused op (shape, dtype, op object, protocol, or one rank did
+    not make the call). ``.record`` holds the decoded Status; ``.peer`` the rank that differs."""
+
+    def __init__(self, message: str, record: StatusRecord | None = None, peer: int | None = None):
+        super().__init__(message, record)
+        self.peer = peer
+
+
+# Status.state -> function(record) -> exception, for states whose meaning an upper layer knows
+# better (the fused ops register a describer for call mismatches; dist never imports them).
+_describers: dict[int, object] = {}
+
+
+def register_failure_describer(state: int, describe) -> None:
+    _describers[int(state)] = describe
+
+
+def failure_exception(rec: StatusRecord) -> CollectiveTimeout:
+    describe = _describers.get(rec.state)
+    if describe is not None:
+        return describe(rec)
+    if rec.state == STATE_CALL_MISMATCH:
+        return CallMismatch(rec.message(), rec, rec.peer)
+    return CollectiveTimeout(rec.message(), rec)
 
 
 _TEARDOWN_HOST_BARRIER_S = 30.0
@@ -241,7 +268,7 @@ class Group:
         sticky: once a wait failed, the group stays failed (make a new one)."""
         rec = self.status
         if rec.failed:
-            raise CollectiveTimeout(rec.message(), rec)
+            raise failure_exception(rec)
 
     def synchronize(self, stream=None) -> None:
         """Wait for ``stream`` (default: CuPy's current stream), then raise_if_failed()."""

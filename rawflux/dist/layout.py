@@ -31,7 +31,7 @@ STATUS_FIELDS = ("state", "op", "call_id", "waiter", "peer", "index", "expected"
 STATUS_OFFSETS = {"state": 0, "op": 4, "call_id": 8, "waiter": 12, "peer": 16, "index": 20, "expected": 24,
                   "observed": 28, "elapsed_ns": 32, "timeout_ns": 40, "late_mask": 48, "abort_from": 56}
 
-STATE_OK, STATE_TIMEOUT, STATE_ABORTED = 0, 1, 2
+STATE_OK, STATE_TIMEOUT, STATE_ABORTED, STATE_CALL_MISMATCH = 0, 1, 2, 3
 
 # Op ids (kOp* in ctrl.cuh); fused ops pass theirs to make_wait_ctx().
 OP_NONE, OP_BARRIER, OP_AG_GEMM, OP_GEMM_RS, OP_SIGNAL_WAIT, OP_SELFTEST = 0, 1, 2, 3, 4, 5
@@ -135,7 +135,7 @@ def cuda_layout_asserts() -> str:
         f"static_assert(sizeof(Status) == {STATUS_BYTES}, \"Status\");",
         f"static_assert(kOpBarrier == {OP_BARRIER} && kOpAgGemm == {OP_AG_GEMM} && kOpGemmRs == {OP_GEMM_RS}, \"ops\");",
         f"static_assert(kOpSignalWait == {OP_SIGNAL_WAIT} && kOpSelfTest == {OP_SELFTEST}, \"ops\");",
-        f"static_assert(kStateTimeout == {STATE_TIMEOUT} && kStateAborted == {STATE_ABORTED}, \"states\");",
+        f"static_assert(kStateTimeout == {STATE_TIMEOUT} && kStateAborted == {STATE_ABORTED} && kStateCallMismatch == {STATE_CALL_MISMATCH}, \"states\");",
     ]
     for field, off in GROUP_CTRL_OFFSETS.items():
         lines.append(f"static_assert(__builtin_offsetof(GroupCtrl, {field}) == {off}, \"GroupCtrl.{field}\");")

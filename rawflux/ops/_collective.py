@@ -48,8 +48,8 @@ import weakref
 import numpy as np
 
 from .. import env
-from ..dist import CollectiveTimeout, DistError
-from ..dist.layout import CTRL_EPOCH, OP_NAMES, OP_NONE, STATE_OK
+from ..dist import CallMismatch, CollectiveTimeout, DistError, register_failure_describer
+from ..dist.layout import CTRL_EPOCH, OP_NAMES, OP_NONE, STATE_CALL_MISMATCH, STATE_OK
 from ..jit import get_kernel, register
 from ..runtime import DType
 
@@ -57,7 +57,6 @@ META_WORDS = 16  # kMetaWords (fused/ag_meta.cuh)
 META_FIELDS_MAX = META_WORDS - 2
 META_SLOT_BYTES = 4 * META_WORDS
 META_BYTES = 2 * META_SLOT_BYTES
-STATE_CALL_MISMATCH = 3  # kStateCallMismatch (fused/ag_meta.cuh)
 _META_SRC = "ag_meta.cu"
 _META_PUBLISH = "rawflux::meta_publish_kernel"
 _META_CHECK = "rawflux::meta_check_kernel"
@@ -67,15 +66,6 @@ register(_META_SRC, _META_CHECK, archs=("sm_90a", "sm_80"))
 
 # Codes of dtypes in metadata records (stable numbers, not enum order).
 DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5M2: 5}
-
-
-class CallMismatch(CollectiveTimeout):
-    """Ranks disagreed on a call of a fused op (shape, dtype, op object, protocol, or one rank did
-    not make the call). ``.record`` holds the decoded Status; ``.peer`` the rank that differs."""
-
-    def __init__(self, message: str, record=None, peer: int | None = None):
-        super().__init__(message, record)
-        self.peer = peer
 
 
 # op id -> (op name, names of the op-defined metadata fields), filled by CollectiveOp subclasses
@@ -111,6 +101,9 @@ def _fmt_field(name: str, value: int) -> str:
     if name == "op":
         return OP_NAMES.get(value, str(value))
     return str(value)
+
+
+register_failure_describer(STATE_CALL_MISMATCH, describe_failure)
 
 
 def resolve_group(group):

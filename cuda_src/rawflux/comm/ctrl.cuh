@@ -21,7 +21,8 @@ enum : int { kMaxWorld = 64 };  // ranks in one TP group (one node); late_mask i
 // Op ids in Status::op (rawflux/dist/layout.py OP_NAMES gives their names).
 enum : u32 { kOpNone = 0, kOpBarrier = 1, kOpAgGemm = 2, kOpGemmRs = 3, kOpSignalWait = 4, kOpSelfTest = 5 };
 // Status::state
-enum : u32 { kStateOk = 0, kStateTimeout = 1, kStateAborted = 2 };
+// kStateCallMismatch: a fused op's per-call record differed between ranks (fused/ag_meta.cuh).
+enum : u32 { kStateOk = 0, kStateTimeout = 1, kStateAborted = 2, kStateCallMismatch = 3 };
 
 struct Status {
   u32 state;       // kStateOk until a wait fails; written last (the host polls it)

@@ -21,7 +21,6 @@ enum : int { kMetaWords = 16, kMetaFields = kMetaWords - 2 };
 enum : u32 { kMetaSlotBytes = 4 * kMetaWords };
 // Status::state of a disagreement found by meta_check (rawflux/ops/_collective.py decodes it:
 // peer = the rank that differs, index = the word, expected = this rank's, observed = the peer's).
-enum : u32 { kStateCallMismatch = 3 };
 
 struct MetaFields {
   u32 w[kMetaFields];
