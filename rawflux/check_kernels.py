@@ -10,7 +10,7 @@ import json
 import sys
 
 import rawflux  # noqa: F401  (imports every op module, which registers its variants)
-from rawflux.jit import compile_cubin, kernel_source, variants
+from rawflux.jit import CompileError, compile_cubin, kernel_source, variants
 
 
 def check(arch_filter=None) -> tuple[list[dict], list[str]]:
@@ -19,7 +19,11 @@ def check(arch_filter=None) -> tuple[list[dict], list[str]]:
         for arch in v.archs:
             if arch_filter and arch not in arch_filter:
                 continue
-            res = compile_cubin(kernel_source(v.relpath), arch=arch, name_expressions=(v.name_expr,), filename=v.relpath, extra_options=v.extra_options)
+            try:
+                res = compile_cubin(kernel_source(v.relpath), arch=arch, name_expressions=(v.name_expr,), filename=v.relpath, extra_options=v.extra_options)
+            except CompileError as e:  # report every broken variant in one run
+                problems.append(f"{v.name_expr} [{arch}]: does not compile:\n{e}")
+                continue
             sym = res.lowered[v.name_expr]
             r = res.resources.get(sym)
             if r is None:
