@@ -1,0 +1,91 @@
+// Compile-time tile configuration and run-time parameters of the sm_90a GEMM engine.
+//
+// C (m x n) = A (m x k, row-major) * B^T, B stored (n, k) row-major ("nk": K-major for wgmma) or
+// (k, n) row-major ("kn": MN-major, the wgmma transpose bit). 16-bit inputs, fp32 accumulation.
+#pragma once
+#include "rawflux/ptx/types.cuh"
+
+namespace rawflux {
+
+// Element-type tags (template arguments; rawflux/ops/gemm.py spells the same numbers).
+enum : int { kTypeBF16 = 0, kTypeF16 = 1, kTypeF32 = 2 };
+// B layouts.
+enum : int { kLayoutNK = 0, kLayoutKN = 1 };
+
+// Run-time parameters shared by every policy. Host packing: rawflux/ops/gemm.py (_PARAMS_FMT);
+// keep the two in the same order.
+struct GemmParams {
+  i32 m, n, k;
+  i32 tiles_m, tiles_n;  // ceil(m / BM), ceil(n / BN)
+  i32 k_blocks;          // ceil(k / BK)
+  i32 splits;            // split-K factor (1 = none); every split owns >= 1 k block
+  i32 kb_per_split;      // k blocks per split (the last one may own fewer)
+  i32 group;             // raster group width, in cluster tiles (>= 1)
+  i32 raster_n;          // 0: groups of `group` tile-rows walked down n; 1: groups of tile-columns walked down m
+  i32 seg_count;         // row-block rotation: m is cut in seg_count equal segments ...
+  i32 seg_start;         // ... and tile rows are visited from segment seg_start on, wrapping around
+  u64 workspace;         // split-K: fp32 partial tiles (see mainloop_sm90.cuh)
+  u64 counters;          // split-K: one u32 arrival counter per (tile, consumer warpgroup), zero between calls
+  i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)
+};
+
+template <int BM_, int BN_, int BK_, int kStages_, int kClusterM_, int kClusterN_, int kConsumers_, int kIn_, int kOut_,
+          int kBLayout_>
+struct GemmCfg {
+  static constexpr int kBM = BM_;
+  static constexpr int kBN = BN_;
+  static constexpr int kBK = BK_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kClusterM = kClusterM_;  // CTAs of a cluster along m: they share (multicast) the B tile
+  static constexpr int kClusterN = kClusterN_;  // CTAs of a cluster along n: they share the A tile
+  static constexpr int kClusterSize = kClusterM_ * kClusterN_;
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups (1 or 2)
+  static constexpr int kIn = kIn_;
+  static constexpr int kOut = kOut_;
+  static constexpr int kBLayout = kBLayout_;
+  static constexpr bool kInF16 = kIn_ == kTypeF16;
+
+  // Consumer warpgroups tile the CTA tile as kWgM x kWgN blocks of 64 x kWN.
+  static constexpr int kWgM = BM_ / 64;
+  static constexpr int kWgN = kConsumers_ / kWgM;
+  static constexpr int kWN = BN_ / kWgN;
+  static constexpr int kAccRegs = kWN / 2;  // fp32 accumulators per consumer thread
+
+  static constexpr int kThreads = 128 * (1 + kConsumers_);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = kConsumers_ == 2 ? 232 : 240;
+
+  static constexpr int kElem = 2;                         // input bytes per element
+  static constexpr int kRowBytes = kBK * kElem;           // one 128-byte swizzle row
+  static constexpr int kStageABytes = BM_ * kRowBytes;    // A tile: BM rows (m) of BK
+  static constexpr int kStageBBytes = BN_ * kRowBytes;    // B tile: BN rows (n) of BK, or BK rows (k) of BN
+  static constexpr int kStageBytes = kStageABytes + kStageBBytes;
+  static constexpr int kBarrierBytes = 2 * kStages_ * 8;
+  // +1024: the dynamic shared window is only 16-byte aligned; tiles need 1024 (swizzle atom).
+  static constexpr int kSmemBytes = 1024 + kStages_ * kStageBytes + kBarrierBytes;
+
+  // TMA boxes. Along a cluster dimension each CTA loads a slice of the shared operand and
+  // multicasts it, so a box covers 1/cluster of the tile.
+  static constexpr int kBoxARows = BM_ / kClusterN_;                           // A: {BK, rows}
+  static constexpr int kBoxBRows = kBLayout_ == kLayoutNK ? BN_ / kClusterM_  // nk B: {BK, rows of n}
+                                                          : kBK / kClusterM_;  // kn B: {64 of n, rows of k}
+  static constexpr int kBChunks = kBLayout_ == kLayoutNK ? 1 : BN_ / 64;       // kn: one box per 64 columns
+  static constexpr int kChunkBytes = kBK * 128;                               // kn: 64 n x BK k
+
+  static_assert(kBK * kElem == 128, "BK is one 128-byte swizzle row of 16-bit elements (64)");
+  static_assert(BM_ == 64 || BM_ == 128, "BM is 64 or 128 (one m64 wgmma row block per consumer warpgroup)");
+  static_assert(kConsumers_ == 1 || kConsumers_ == 2, "1 or 2 consumer warpgroups");
+  static_assert(kWgM >= 1 && kWgM <= kConsumers_ && kWgN * kWgM == kConsumers_, "consumer warpgroup grid");
+  static_assert(kWN % 16 == 0 && kWN >= 16 && kWN <= 256, "wgmma N per warpgroup: multiple of 16 in 16..256");
+  static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0), "kn layout: BN and per-warpgroup N multiples of 64");
+  static_assert(kClusterM_ == 1 || kClusterN_ == 1, "cluster along m or along n, not both");
+  static_assert(kClusterSize == 1 || kClusterSize == 2, "cluster size 1 or 2");
+  static_assert(kBoxARows % 8 == 0 && (kBLayout_ == kLayoutKN || kBoxBRows % 8 == 0),
+                "multicast slices start on a 1024-byte swizzle atom");
+  static_assert(kBLayout_ == kLayoutNK || kBoxBRows % 8 == 0, "kn multicast slice: k rows multiple of 8");
+  static_assert(kIn_ == kTypeBF16 || kIn_ == kTypeF16, "16-bit float inputs");
+  static_assert(kOut_ == kTypeBF16 || kOut_ == kTypeF16 || kOut_ == kTypeF32, "output bf16, f16 or f32");
+  static_assert(kSmemBytes <= 232448, "shared memory per CTA on sm_90 is 227 KB");
+};
+
+}  // namespace rawflux

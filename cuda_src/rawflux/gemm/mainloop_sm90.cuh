@@ -1,0 +1,286 @@
+// The sm_90a GEMM engine: persistent, warp-specialized, TMA -> shared-memory ring -> wgmma.
+//
+//   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
+//     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
+//     cluster peer for the shared operand).
+//   warpgroups 1..kConsumers (232 registers): wait for a full stage, issue 4 wgmma (k16 each) on
+//     it, keep one stage of wgmma in flight, release the previous stage to the producer(s) of the
+//     cluster; after the last k block, split-K fix-up if any, then Epilogue::store.
+//
+// Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
+// full[kStages] and empty[kStages] mbarriers. Tiles use the 128-byte swizzle of the TMA maps.
+//   A (K-major): row r of the tile at r * 128 B.   wgmma desc: SBO = 1024 (8 rows), +32 B per k16.
+//   B nk (K-major): same, rows are n.
+//   B kn (MN-major): per 64 columns of n a chunk of BK rows (k) x 128 B; chunks 64 * 128 B apart.
+//     wgmma desc (transposed B): LBO = chunk stride, SBO = 1024 (8 k rows), +16 rows per k16.
+#pragma once
+#include "rawflux/gemm/config.cuh"
+#include "rawflux/gemm/epilogue.cuh"
+#include "rawflux/gemm/policies.cuh"
+#include "rawflux/gemm/scheduler.cuh"
+#include "rawflux/ptx/mbarrier.cuh"
+#include "rawflux/ptx/tma.cuh"
+#include "rawflux/ptx/wgmma.cuh"
+
+namespace rawflux {
+namespace ptx {
+
+template <u32 kRegs>
+RAWFLUX_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <u32 kRegs>
+RAWFLUX_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+RAWFLUX_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+RAWFLUX_DEVICE u32 atom_add_acq_rel_gpu(u32* p, u32 v) {
+  u32 old;
+  asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+RAWFLUX_DEVICE void st_cg_v4f(float* p, float a, float b, float c, float d) {
+  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+RAWFLUX_DEVICE void ld_cg_v4f(const float* p, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"(p) : "memory");
+}
+
+}  // namespace ptx
+
+// Split-K fix-up for one consumer warpgroup's fragment. Every split stores its fp32 partial to
+// the workspace, then counts itself in; the last to arrive sums all partials in split order (its
+// own from registers), resets the counter and returns true: it alone runs the epilogue.
+// Workspace: per (tile, consumer) slot and split, kRegs/4 float4 per thread, thread-interleaved
+// (coalesced 16-byte accesses).
+template <class Cfg>
+RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs], const WorkTile& w, u32 consumer, u32 tid) {
+  constexpr int kVec = Cfg::kAccRegs / 4;
+  float* ws = reinterpret_cast<float*>(p.workspace);
+  u32* counters = reinterpret_cast<u32*>(p.counters);
+  const i64 slot = (i64)w.tile_linear * Cfg::kConsumers + consumer;
+  const i64 part_floats = (i64)kVec * 128 * 4;
+  float* mine = ws + (slot * p.splits + w.split) * part_floats + tid * 4;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    ptx::st_cg_v4f(mine + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+  }
+  ptx::fence_acq_rel_gpu();  // release: this thread's partial stores before the arrival count below
+  const u32 bar = kWarpgroupBarrierBase + consumer;
+  ptx::named_barrier_sync(bar, 128);
+  bool last = false;
+  if (tid == 0) {
+    // acq_rel: publishes the warpgroup's partial (ordered by the fences + barrier above) and, for
+    // the last arrival, acquires every other split's partial.
+    const u32 old = ptx::atom_add_acq_rel_gpu(counters + slot, 1u);
+    last = old == (u32)(p.splits - 1);
+    if (last) counters[slot] = 0;  // all splits of this slot have arrived: ready for the next launch
+  }
+  last = ptx::named_barrier_or(bar, 128, last);
+  if (!last) return false;
+  ptx::fence_acq_rel_gpu();  // acquire: the other splits' partials (seen complete by thread 0) before the reads below
+  // Sum every split's partial (this one's included, re-read so the registers are free) in split
+  // order: the result does not depend on which split arrived last.
+  const float* part = ws + slot * p.splits * part_floats + tid * 4;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    float t0 = 0.f, t1 = 0.f, t2 = 0.f, t3 = 0.f;
+    const float* src = part + i * 512;
+    for (i32 s = 0; s < p.splits; ++s, src += part_floats) {
+      float v0, v1, v2, v3;
+      ptx::ld_cg_v4f(src, v0, v1, v2, v3);
+      t0 += v0;
+      t1 += v1;
+      t2 += v2;
+      t3 += v3;
+    }
+    acc[4 * i] = t0;
+    acc[4 * i + 1] = t1;
+    acc[4 * i + 2] = t2;
+    acc[4 * i + 3] = t3;
+  }
+  return true;
+}
+
+template <class Cfg, class Sched, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
+                const typename Prologue::Params pro, const typename Epilogue::Params epi) {
+  using SchedT = typename Sched::template type<Cfg>;
+  constexpr int kStages = Cfg::kStages;
+  constexpr bool kCluster = Cfg::kClusterSize > 1;
+
+  extern __shared__ u8 smem_raw[];
+  u8* smem = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
+  u8* smem_a = smem;
+  u8* smem_b = smem + kStages * Cfg::kStageABytes;
+  u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
+  u64* empty = full + kStages;
+
+  // Special registers are read again inside each role, after setmaxnreg: a value live across the
+  // register-count change would be spilled.
+  const u32 wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    ptx::tma_prefetch_desc(&tmap_a);
+    ptx::tma_prefetch_desc(&tmap_b);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);                                        // the local producer's arrive (+ bytes)
+      ptx::mbar_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kClusterSize);  // every consumer warp of the cluster
+    }
+    ptx::fence_mbar_init();
+  }
+  if constexpr (kCluster) {
+    ptx::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
+      const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
+      const i32 num_clusters = kCluster ? (i32)ptx::cluster_count_x() : (i32)gridDim.x;
+      SchedT sched(p, cluster_id, num_clusters, (i32)cta_rank);
+      WorkTile w;
+      u32 stage = 0, phase = 0;
+      // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
+      const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
+      const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
+      while (sched.next(p, w)) {
+        const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+        Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
+        for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+          ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          ptx::mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+          u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
+          if constexpr (Cfg::kClusterN > 1) {
+            ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
+          } else {
+            ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
+          }
+          u8* sb = smem_b + stage * Cfg::kStageBBytes + b_slice * Cfg::kRowBytes;
+          if constexpr (Cfg::kBLayout == kLayoutNK) {
+            const i32 n0 = w.tile_n * Cfg::kBN + b_slice;
+            if constexpr (Cfg::kClusterM > 1) {
+              ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0, (u16)((1u << Cfg::kClusterSize) - 1));
+            } else {
+              ptx::tma_load_2d(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0);
+            }
+          } else {
+            const i32 k0 = kb * Cfg::kBK + b_slice;
+#pragma unroll
+            for (int ch = 0; ch < Cfg::kBChunks; ++ch) {
+              const i32 n0 = w.tile_n * Cfg::kBN + ch * 64;
+              if constexpr (Cfg::kClusterM > 1) {
+                ptx::tma_load_2d_multicast(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0,
+                                           (u16)((1u << Cfg::kClusterSize) - 1));
+              } else {
+                ptx::tma_load_2d(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0);
+              }
+            }
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+    // ---------------------------------------------------------------- consumers
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const u32 tid = threadIdx.x % 128;
+    const u32 consumer = threadIdx.x / 128 - 1;
+    const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
+    const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
+    const i32 num_clusters = kCluster ? (i32)ptx::cluster_count_x() : (i32)gridDim.x;
+    const u32 wm = consumer / Cfg::kWgN, wn = consumer % Cfg::kWgN;
+    const u32 lane = tid % 32;
+    SchedT sched(p, cluster_id, num_clusters, (i32)cta_rank);
+    WorkTile w;
+    u32 stage = 0, phase = 0;
+    float acc[Cfg::kAccRegs];
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
+
+    // Hands a consumed stage back to the producer of every CTA that wrote into it.
+    auto release = [&](u32 s) {
+      if constexpr (kCluster) {
+        if (lane < (u32)Cfg::kClusterSize) ptx::mbar_arrive_cluster(&empty[s], lane);
+      } else {
+        if (lane == 0) ptx::mbar_arrive(&empty[s]);
+      }
+    };
+
+    const u32 a_off = wm * 64 * Cfg::kRowBytes;
+    const u32 b_off = Cfg::kBLayout == kLayoutNK ? wn * Cfg::kWN * Cfg::kRowBytes : wn * (Cfg::kWN / 64) * Cfg::kChunkBytes;
+    const u32 a_base0 = ptx::smem_u32(smem_a) + a_off;
+    const u32 b_base0 = ptx::smem_u32(smem_b) + b_off;
+
+    while (sched.next(p, w)) {
+      const i32 nkb = w.kb_end - w.kb_begin;
+      u32 prev_stage = 0;
+      for (i32 i = 0; i < nkb; ++i) {
+        ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
+        const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
+        const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kBK / 16; ++kk) {
+          const u64 da = ptx::smem_desc(a_base + kk * 32, 16, 1024);
+          u64 db;
+          if constexpr (Cfg::kBLayout == kLayoutNK) {
+            db = ptx::smem_desc(b_base + kk * 32, 16, 1024);
+          } else {
+            db = ptx::smem_desc(b_base + kk * 16 * 128, Cfg::kChunkBytes, 1024);
+          }
+          ptx::Wgmma<Cfg::kWN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc, da, db, (i > 0 || kk > 0) ? 1u : 0u);
+        }
+        ptx::wgmma_commit();
+        if (i > 0) {
+          ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
+          release(prev_stage);
+        }
+        prev_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      ptx::wgmma_wait<0>();
+      ptx::reg_fence(acc);
+      release(prev_stage);
+
+      TileCoord tc;
+      tc.tile_m = w.tile_m;
+      tc.tile_n = w.tile_n;
+      tc.row0 = w.tile_m * Cfg::kBM + (i32)wm * 64;
+      tc.col0 = w.tile_n * Cfg::kBN + (i32)wn * Cfg::kWN;
+      tc.tid = tid;
+      tc.consumer = consumer;
+      bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n;
+      if (p.splits > 1 && do_store) do_store = splitk_fixup<Cfg>(p, acc, w, consumer, tid);
+      if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
+      if constexpr (Epilogue::kTileBarrier) {
+        ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
+        Epilogue::template tile_done<Cfg>(epi, p, tc);
+      }
+    }
+  }
+
+  if constexpr (kCluster) {
+    // No CTA may exit while its peer can still arrive on its barriers or multicast into it.
+    ptx::cluster_sync();
+  }
+}
+
+}  // namespace rawflux

@@ -1,0 +1,133 @@
+// Shared-memory mbarriers (sm_90): the full/empty pairs of the GEMM's shared-memory ring, their
+// transaction counts (TMA completes bytes on them) and cluster-remote arrivals.
+#pragma once
+#include "rawflux/ptx/types.cuh"
+
+namespace rawflux {
+namespace ptx {
+
+// 32-bit shared-window address of a generic pointer into this CTA's shared memory.
+RAWFLUX_DEVICE u32 smem_u32(const void* p) {
+  u64 a;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+  return (u32)a;
+}
+
+RAWFLUX_DEVICE u64 globaltimer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+RAWFLUX_DEVICE u32 cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+RAWFLUX_DEVICE u32 cluster_id_x() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+
+RAWFLUX_DEVICE u32 cluster_count_x() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+
+// All threads of all CTAs of the cluster: release this thread's earlier shared/global writes and
+// mbarrier inits to the cluster, acquire the others' (start-up and tear-down of the cluster).
+RAWFLUX_DEVICE void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");  // publishes inits / last remote arrivals
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");    // sees the peers' inits before using them
+}
+
+RAWFLUX_DEVICE void mbar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Makes the mbarrier inits above visible to the async proxy (TMA) and to the cluster's peers.
+RAWFLUX_DEVICE void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // orders inits before peers' / TMA's use
+}
+
+// Arrive once and add `bytes` to the transactions this phase waits for (TMA completes them).
+RAWFLUX_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+// Arrive on the barrier at the same shared offset in cluster CTA `cta` (may be this CTA).
+// Default .release.cta semantics on purpose: what the arrival hands back is a stage whose reads by
+// wgmma are already complete (wgmma.wait_group), and nothing written needs publishing, so no
+// cluster-scope release is needed (a .release.cluster arrive costs a MEMBAR.GPU per k block).
+RAWFLUX_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+// Plain local arrive (release at CTA scope: orders this thread's shared reads before the waiter).
+RAWFLUX_DEVICE void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
+  u32 ok;
+  // acquire (default .acquire.cta): the stage's bytes written by TMA / released by consumers are
+  // visible to this thread once the phase is seen complete.
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar_addr), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Waits for the phase of parity `parity` to complete. Bounded: a pipeline that stops moving
+// (a bug, never normal operation) ends in a trap after timeout_ns instead of hanging the GPU;
+// the clock is read only every 4096 failed polls so the fast path stays one try_wait.
+RAWFLUX_DEVICE void mbar_wait(u64* bar, u32 parity, i64 timeout_ns) {
+  const u32 addr = smem_u32(bar);
+  if (mbar_try_wait(addr, parity)) return;
+  u64 start = 0;
+  for (u32 polls = 1;; ++polls) {
+    if (mbar_try_wait(addr, parity)) return;
+    if ((polls & 4095) == 0) {
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if ((i64)(now - start) > timeout_ns) {
+        asm volatile("trap;");  // rawflux gemm pipeline stalled: a barrier phase never completed
+      }
+    }
+  }
+}
+
+// Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads'.
+RAWFLUX_DEVICE void named_barrier_sync(u32 id, u32 count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Named barrier that also ORs a predicate over the participating threads.
+RAWFLUX_DEVICE bool named_barrier_or(u32 id, u32 count, bool pred) {
+  u32 out;
+  asm volatile(
+      "{\n.reg .pred pi, po;\n"
+      "setp.ne.u32 pi, %1, 0;\n"
+      "bar.red.or.pred po, %2, %3, pi;\n"
+      "selp.u32 %0, 1, 0, po;\n}\n"
+      : "=r"(out)
+      : "r"((u32)pred), "r"(id), "r"(count)
+      : "memory");
+  return out != 0;
+}
+
+}  // namespace ptx
+}  // namespace rawflux

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
+# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RAWFLUX_CACHE_DIR=${RAWFLUX_CACHE_DIR:-/tmp/rawflux-cache}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -d .whl ] && ! python3 -c "import pytest_mpi" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+QUICK=${QUICK:-}
+log() { echo "=== $* ($(date +%T))"; }
+rc=0
+for stage in "$@"; do
+  case $stage in
+    env)
+      log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null
+      python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" ;;
+    pytest)
+      log pytest tests/gpu; timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/cpu/test_gemm_compile.py 2>&1 | tail -40 || rc=1 ;;
+    dist)
+      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} --per-world-timeout 120 2>&1 | grep -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
+    ag)
+      log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+    rs)
+      log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+    mpi)
+      for n in ${MPI_WORLDS:-2 4}; do
+        log pytest-mpi emulated world $n
+        timeout 300 python3 -m rawflux.launch --emulate $n -m pytest -q -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
+      done ;;
+    bench)
+      log rawflux.bench emulated ${BENCH_WORLD:-4}
+      timeout 400 python3 -m rawflux.launch --emulate ${BENCH_WORLD:-4} -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1 ;;
+    gemmbench)
+      log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+done
+exit $rc

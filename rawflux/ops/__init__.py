@@ -1,0 +1,1 @@
+"""One module per op: check inputs -> pick config -> launch."""

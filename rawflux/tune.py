@@ -1,0 +1,313 @@
+"""GEMM configurations: the compiled tile shapes, a heuristic that picks one per problem from the
+device's attributes, and an optional measured tuner whose results persist as JSON in the cache
+folder (RAWFLUX_TUNE, see rawflux/env.py).
+
+A configuration has a compile-time part (TileConfig: tile shape, pipeline depth, cluster, consumer
+warpgroups; one cubin each per dtype/layout/output type) and run-time parts (split-K factor, raster
+order, number of persistent CTAs).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import env
+
+SMEM_PER_CTA = 232448  # sm_90 opt-in limit of dynamic shared memory per block (227 KB)
+BK = 64
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Compile-time part: GemmCfg<bm, bn, 64, stages, cluster_m, cluster_n, consumers, ...>."""
+
+    bm: int
+    bn: int
+    stages: int
+    cluster_m: int = 1
+    cluster_n: int = 1
+    consumers: int = 2
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.bm, self.bn, self.stages)
+
+    @property
+    def wn(self) -> int:
+        """Columns per consumer warpgroup."""
+        wg_m = self.bm // 64
+        return self.bn // (self.consumers // wg_m)
+
+    def supports(self, b_layout: str) -> bool:
+        return b_layout == "nk" or (self.bn % 64 == 0 and self.wn % 64 == 0)
+
+    def tag(self) -> str:
+        c = f"c{self.cluster_m}x{self.cluster_n}" if self.cluster_size > 1 else "c1"
+        return f"{self.bm}x{self.bn}x{BK}s{self.stages}{c}w{self.consumers}"
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A full launch configuration: tile + run-time choices."""
+
+    tile: TileConfig
+    splits: int = 1  # split-K factor (fp32 workspace, last split reduces)
+    group: int = 8  # raster group width in cluster tiles
+    raster_n: bool = False  # False: groups of tile-rows walked along n
+    ctas: int = 0  # persistent CTAs (0: every SM)
+
+    def tag(self) -> str:
+        return f"{self.tile.tag()}/k{self.splits}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
+
+    def to_json(self) -> dict:
+        return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas}
+
+    @staticmethod
+    def from_json(d: dict) -> "GemmConfig":
+        return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)))
+
+
+def smem_bytes(bm: int, bn: int, stages: int) -> int:
+    return 1024 + stages * (bm + bn) * BK * 2 + 2 * stages * 8
+
+
+def max_stages(bm: int, bn: int, cap: int = 8) -> int:
+    s = cap
+    while s > 2 and smem_bytes(bm, bn, s) > SMEM_PER_CTA:
+        s -= 1
+    return s
+
+
+def _tile(bm, bn, cluster_m=1, cluster_n=1, consumers=2) -> TileConfig:
+    return TileConfig(bm, bn, max_stages(bm, bn), cluster_m, cluster_n, consumers)
+
+
+# Every tile shape rawflux compiles (each x {bf16, f16} x {16-bit, f32 out} x {nk, kn} where valid),
+# with its steady-state mainloop rate relative to 128x256 without cluster (~720 TF/s on an H200,
+# measured 2026-11-29 by benchmarks/gemm.py --sweep). They only rank candidates for the heuristic;
+# the measured tuner (RAWFLUX_TUNE=on) decides on real timings.
+TILES: dict[TileConfig, float] = {
+    _tile(128, 256, cluster_m=2): 1.04,
+    _tile(128, 256): 1.00,
+    _tile(128, 192, cluster_m=2): 1.02,
+    _tile(128, 192): 0.98,
+    _tile(128, 128): 0.77,
+    _tile(64, 256): 0.70,
+    _tile(64, 128): 0.62,
+}
+
+
+def tiles_for(b_layout: str) -> list[TileConfig]:
+    return [t for t in TILES if t.supports(b_layout)]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    sms: int
+    cc: tuple[int, int]
+    l2_bytes: int
+    name: str = ""
+
+    # Leads measured on an H200 (DESIGN.md, docs/gemm-notes.md): these only rank candidates.
+    @property
+    def tflops_per_sm(self) -> float:
+        return 5.5  # 128x256 mainloop, ~720 TF/s over 132 SMs
+
+    @property
+    def sm_pull_bytes_per_s(self) -> float:
+        return 60e9  # what one SM's TMA pipeline pulled in the small-m sweeps (~55-65 GB/s)
+
+    @property
+    def dram_bytes_per_s(self) -> float:
+        return 3.4e12  # streaming reads with every SM pulling (cuBLAS reaches ~3.35 TB/s at m = 64)
+
+
+_dev_lock = threading.Lock()
+_dev_cache: dict[int, DeviceInfo] = {}
+
+
+def device_info(device_id: int) -> DeviceInfo:
+    """Multiprocessor count, compute capability and L2 size read off the device (never a table of
+    GPU names). Under MPS with an SM cap, MULTIPROCESSOR_COUNT already reports the capped count."""
+    with _dev_lock:
+        hit = _dev_cache.get(device_id)
+        if hit is not None:
+            return hit
+    import cupy
+
+    attrs = cupy.cuda.runtime.getDeviceProperties(device_id)
+    info = DeviceInfo(
+        sms=int(attrs["multiProcessorCount"]),
+        cc=(int(attrs["major"]), int(attrs["minor"])),
+        l2_bytes=int(attrs.get("l2CacheSize", 50 << 20)),
+        name=attrs["name"].decode() if isinstance(attrs.get("name"), bytes) else str(attrs.get("name", "")),
+    )
+    with _dev_lock:
+        _dev_cache[device_id] = info
+    return info
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_plan(k: int, splits: int) -> tuple[int, int, int]:
+    """(k_blocks, kb_per_split, effective splits): every split owns at least one k block."""
+    kb = _cdiv(k, BK)
+    splits = max(1, min(splits, kb))
+    per = _cdiv(kb, splits)
+    return kb, per, _cdiv(kb, per)
+
+
+def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
+    """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
+    bytes one SM can pull (L2 -> SM), the whole against the DRAM time of the unique bytes."""
+    t = cfg.tile
+    kb, per, splits = split_plan(k, cfg.splits)
+    tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
+    ctiles = _cdiv(tm, t.cluster_m) * _cdiv(tn, t.cluster_n)
+    units = ctiles * splits
+    ctas = min(cfg.ctas or dev.sms, dev.sms)
+    slots = max(1, ctas // t.cluster_size)
+    rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)  # flop/s of one SM in the mainloop
+    unit_flops = 2.0 * t.bm * t.bn * BK * per
+    # Bytes one CTA pulls per unit (multicast slices count once per cluster).
+    unit_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0 * per
+    t_unit = max(unit_flops / rate, unit_bytes / dev.sm_pull_bytes_per_s) + 2e-6  # + fill, epilogue
+    # DRAM: each operand once (L2 reuse inside a wave), C once, split-K partials written and read.
+    nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n
+    if splits > 1:
+        nbytes += 2.0 * 4 * ctiles * t.cluster_size * t.bm * t.bn * splits
+    unit_dram = nbytes / units
+
+    def wave(u: int) -> float:
+        # u units at once: each as fast as its SM allows, all together no faster than DRAM.
+        return max(t_unit, u * unit_dram / dev.dram_bytes_per_s)
+
+    full, rest = divmod(units, slots)
+    # A short last wave costs a whole unit time: wave quantization.
+    total = full * wave(slots) + (wave(rest) if rest else 0.0)
+    t_fix = 3e-6 if splits > 1 else 0.0
+    return (total + t_fix) * 1e6
+
+
+def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
+    out = []
+    for t in tiles_for(b_layout):
+        if t.cluster_size > dev.sms:
+            continue
+        tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
+        tiles = tm * tn
+        max_split = 1
+        if tiles < 2 * dev.sms:
+            max_split = min(16, _cdiv(k, BK) // 4 or 1)
+        for s in range(1, max_split + 1):
+            for raster_n in (False, True):
+                out.append(GemmConfig(t, s, 8, raster_n))
+    return out
+
+
+def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes: int = 2) -> GemmConfig:
+    """Best configuration by the time model. Ties go to fewer splits (less workspace traffic)."""
+    best, best_t = None, math.inf
+    for cfg in candidates(m, n, k, b_layout, dev):
+        if cfg.raster_n:
+            continue
+        t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
+        if t < best_t - 1e-9:
+            best, best_t = cfg, t
+    assert best is not None
+    # Walk along the longer dimension inside a group: a wave then spans few tile-rows of the
+    # shorter one, so both operands' slices of the wave fit in L2.
+    tm, tn = _cdiv(m, best.tile.bm), _cdiv(n, best.tile.bn)
+    return replace(best, raster_n=tm > tn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured tuner: results keyed on (m, n, k, dtype, layout, out dtype, SMs, cc), persisted in
+# <cache dir>/gemm_tune.json. 'cached' reads them; 'on' also tunes unseen problems on first use.
+
+
+def tune_key(m, n, k, dtype: str, b_layout: str, out_dtype: str, dev: DeviceInfo) -> str:
+    return f"{m},{n},{k},{dtype},{b_layout},{out_dtype},sm{dev.sms},cc{dev.cc[0]}{dev.cc[1]}"
+
+
+_tune_lock = threading.Lock()
+_tune_table: dict[str, dict] | None = None
+
+
+def _tune_path() -> Path:
+    return env.cache_dir() / "gemm_tune.json"
+
+
+def _load_table() -> dict[str, dict]:
+    global _tune_table
+    with _tune_lock:
+        if _tune_table is None:
+            try:
+                _tune_table = json.loads(_tune_path().read_text())
+            except (OSError, ValueError):
+                _tune_table = {}
+        return _tune_table
+
+
+def lookup(key: str) -> GemmConfig | None:
+    if env.tune_mode() == "off":
+        return None
+    hit = _load_table().get(key)
+    if hit is None:
+        return None
+    try:
+        cfg = GemmConfig.from_json(hit["config"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return cfg if cfg.tile in TILES else None
+
+
+def store(key: str, cfg: GemmConfig, us: float) -> None:
+    table = _load_table()
+    with _tune_lock:
+        table[key] = {"config": cfg.to_json(), "us": us}
+        path = _tune_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache folder: the result lives for this process only
+
+
+def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out_bytes: int = 2) -> tuple[GemmConfig, float]:
+    """Times the `top` best candidates of the model with `time_us(cfg) -> microseconds` (the op
+    supplies it: tune sits below ops) and returns the fastest with its time."""
+    ranked = sorted(candidates(m, n, k, b_layout, dev), key=lambda c: estimate_us(m, n, k, c, dev, out_bytes))
+    seen, trials = set(), []
+    for c in ranked:
+        if c in seen:
+            continue
+        seen.add(c)
+        trials.append(c)
+        if len(trials) >= top:
+            break
+    h = heuristic(m, n, k, b_layout, dev, out_bytes)
+    if h not in seen:
+        trials.append(h)
+    best, best_us = None, math.inf
+    for c in trials:
+        us = time_us(c)
+        if us < best_us:
+            best, best_us = c, us
+    return best, best_us

@@ -1,0 +1,262 @@
+"""rawflux.gemm against a float64 reference, side by side with cuBLAS (cupy.matmul) on the same
+inputs: ours must be within 1.5x cuBLAS's relative Frobenius error (+ a tiny epsilon). Fresh random
+inputs for every check, outputs poisoned with NaN before each run, every element checked written.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+
+def _hopper() -> bool:
+    try:
+        return cupy.cuda.Device().compute_capability == "90"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+pytestmark = pytest.mark.gpu
+
+GRID_NK = [(6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672)]
+GRID_M = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+@pytest.fixture
+def rf(gpu):
+    if not _hopper():
+        pytest.skip("rawflux.gemm's kernels need sm_90 (Hopper)")
+    from rawflux.ops import gemm as g
+
+    return g
+
+
+def _dtype(tag):
+    from rawflux.runtime import DType
+
+    return {"bf16": DType.BF16, "f16": DType.F16, "f32": DType.F32}[tag].np
+
+
+# bf16 through bit operations only: nothing here relies on CuPy's bf16 arithmetic support.
+def _from_f32(x32, tag):
+    if tag == "f32":
+        return x32
+    if tag == "f16":
+        return x32.astype(cupy.float16)
+    u = x32.view(cupy.uint32)
+    r = ((u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16).astype(cupy.uint16)  # round to nearest even
+    return r.view(_dtype("bf16"))
+
+
+def _f64(x):
+    if x.dtype == _dtype("bf16"):
+        return (x.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32).astype(cupy.float64)
+    return x.astype(cupy.float64)
+
+
+_NAN_BITS = {"bf16": (cupy.uint16, 0x7FC0), "f16": (cupy.uint16, 0x7E00), "f32": (cupy.uint32, 0x7FC00000)}
+
+
+def _poisoned(shape, tag):
+    out = cupy.empty(shape, dtype=_dtype(tag))
+    raw, bits = _NAN_BITS[tag]
+    out.view(raw).fill(bits)
+    return out
+
+
+def _rand(shape, tag, rng_seed):
+    rs = cupy.random.RandomState(rng_seed)
+    return _from_f32(rs.standard_normal(shape, dtype=cupy.float32), tag)
+
+
+def _rel(x, ref) -> float:
+    return float(cupy.linalg.norm(_f64(x) - ref) / cupy.linalg.norm(ref))
+
+
+def check(rf, m, n, k, *, dtype="bf16", layout="nk", out_dtype=None, bias=None, config=None, seed=None):
+    """Run one product; return (ours, cublas) relative errors. Asserts everything it can."""
+    seed = random.randrange(1 << 30) if seed is None else seed
+    a = _rand((m, k), dtype, seed)
+    w = _rand((n, k), dtype, seed + 1)  # the (n, k) weight; "kn" passes its transpose, made contiguous
+    b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+    out_tag = out_dtype or dtype
+    bvec = None
+    if bias is not None:
+        bvec = _rand((n,), bias, seed + 2)
+    out = _poisoned((m, n), out_tag)  # every element must be written
+    got = rf.gemm(a, b, b_layout=layout, bias=bvec, out=out, out_dtype=out_dtype, config=config)
+    assert got is out
+    cupy.cuda.get_current_stream().synchronize()
+    ref = _f64(a) @ _f64(w).T
+    if bvec is not None:
+        ref = ref + _f64(bvec)[None, :]
+    # cuBLAS on the same inputs, producing the same output type.
+    if out_tag == dtype:
+        cub = cupy.matmul(a, w.T)
+        if bvec is not None:
+            cub = _from_f32((_f64(cub) + _f64(bvec)[None, :]).astype(cupy.float32), out_tag)
+    else:
+        cub = cupy.matmul(_f64(a).astype(cupy.float32), _f64(w).T.astype(cupy.float32))
+        if bvec is not None:
+            cub = cub + _f64(bvec).astype(cupy.float32)
+    outf = _f64(out)
+    n_bad = int(cupy.count_nonzero(~cupy.isfinite(outf)))
+    assert n_bad == 0, f"{n_bad} of {m * n} outputs not written (still NaN) for m={m} n={n} k={k} {dtype} {layout}"
+    ours, theirs = _rel(out, ref), _rel(cub, ref)
+    eps = 1e-5
+    assert ours <= 1.5 * theirs + eps, (
+        f"m={m} n={n} k={k} {dtype} {layout} out={out_tag} bias={bias} cfg={config}: rel err {ours:.3e} vs cuBLAS {theirs:.3e}"
+    )
+    return ours, theirs
+
+
+@pytest.mark.parametrize("n,k", GRID_NK)
+@pytest.mark.parametrize("m", GRID_M)
+def test_grid_bf16_nk(rf, m, n, k):
+    check(rf, m, n, k)
+
+
+def test_random_shapes(rf):
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng = random.Random(seed)
+    worst = 0.0
+    for i in range(50):
+        m = rng.choice([rng.randint(1, 300), rng.randint(1, 3000)])
+        n = 8 * rng.randint(1, 512)
+        k = 8 * rng.randint(1, 512)
+        dtype = rng.choice(["bf16", "f16"])
+        layout = rng.choice(["nk", "kn"])
+        out_dtype = rng.choice([None, "f32"])
+        bias = rng.choice([None, dtype, "f32"])
+        ours, theirs = check(rf, m, n, k, dtype=dtype, layout=layout, out_dtype=out_dtype, bias=bias, seed=rng.randrange(1 << 30))
+        worst = max(worst, ours / max(theirs, 1e-30))
+    print(f"random shapes (seed {seed}): worst ratio to cuBLAS error {worst:.3f}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("out_dtype", [None, "f32"])
+@pytest.mark.parametrize("bias", [None, "same", "f32"])
+def test_variants(rf, dtype, layout, out_dtype, bias):
+    bias = dtype if bias == "same" else bias
+    check(rf, 777, 1288, 1032, dtype=dtype, layout=layout, out_dtype=out_dtype, bias=bias)
+
+
+def test_every_tile_config(rf):
+    """Each compiled tile shape, with and without split-K, on shapes with ragged edges."""
+    from rawflux import tune
+
+    for t in tune.TILES:
+        for layout in ("nk", "kn"):
+            if not t.supports(layout):
+                continue
+            for splits in (1, 3):
+                cfg = tune.GemmConfig(t, splits=splits, group=3, raster_n=bool(splits == 3))
+                check(rf, 300, 968, 1544, layout=layout, config=cfg)
+                check(rf, 5, 520, 4104, layout=layout, config=cfg, dtype="f16", out_dtype="f32")
+
+
+def test_few_ctas_and_rotation(rf):
+    """Persistent CTAs walking many tiles each, and the row-block rotation the fused ops use."""
+    from rawflux import tune
+    from rawflux.runtime import DType
+
+    t = next(iter(tune.TILES))
+    check(rf, 1000, 2048, 512, config=tune.GemmConfig(t, ctas=6))
+    m, n, k = 1024, 1024, 256
+    a = _rand((m, k), "bf16", 1)
+    w = _rand((n, k), "bf16", 2)
+    ref = _f64(a) @ _f64(w).T
+    for seg_count, seg_start in ((4, 1), (4, 3), (8, 5)):
+        out = _poisoned((m, n), "bf16")
+        cfg = tune.GemmConfig(t)
+        rf.launch_gemm(cfg, a_ptr=a.data.ptr, b_ptr=w.data.ptr, m=m, n=n, k=k, dtype=DType.BF16, b_layout="nk",
+                       out_dtype=DType.BF16, epilogue_params=rf.local_store_params(out.data.ptr, n),
+                       stream=cupy.cuda.get_current_stream().ptr, device_id=0, seg_count=seg_count, seg_start=seg_start)
+        cupy.cuda.get_current_stream().synchronize()
+        assert int(cupy.count_nonzero(cupy.isnan(_f64(out)))) == 0
+        assert _rel(out, ref) < 1e-2
+
+
+def test_split_k_repeat_is_deterministic(rf):
+    """Split-K sums partials in split order: repeated runs give identical bits, and the counters
+    left behind by one launch do not disturb the next."""
+    from rawflux import tune
+
+    t = next(t for t in tune.TILES if t.bm == 64)
+    cfg = tune.GemmConfig(t, splits=5)
+    a = _rand((64, 8192), "bf16", 3)
+    w = _rand((1024, 8192), "bf16", 4)
+    first = rf.gemm(a, w, config=cfg)
+    for _ in range(3):
+        again = rf.gemm(a, w, config=cfg)
+        assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16)))
+
+
+def test_allocating_path_and_torch(rf):
+    m, n, k = 129, 264, 136
+    a = _rand((m, k), "bf16", 5)
+    w = _rand((n, k), "bf16", 6)
+    c = rf.gemm(a, w)
+    assert isinstance(c, cupy.ndarray) and c.shape == (m, n) and c.dtype == a.dtype
+    ref = _f64(a) @ _f64(w).T
+    assert _rel(c, ref) < 1e-2
+    c32 = rf.gemm(a, w, out_dtype="f32")
+    assert c32.dtype == cupy.float32 and _rel(c32, ref) < 1e-4
+    torch = pytest.importorskip("torch")
+    ta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    tw = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    tc = rf.gemm(ta, tw)
+    assert isinstance(tc, torch.Tensor) and tc.dtype == torch.bfloat16 and tc.shape == (m, n)
+    tref = ta.double() @ tw.double().T
+    assert float((tc.double() - tref).norm() / tref.norm()) < 1e-2
+    tk = rf.gemm(ta, tw.T.contiguous(), b_layout="kn")
+    assert float((tk.double() - tref).norm() / tref.norm()) < 1e-2
+
+
+def test_bad_inputs_raise_before_launch(rf):
+    bf = _dtype("bf16")
+    a = _rand((64, 128), "bf16", 7)
+    w = _rand((256, 128), "bf16", 8)
+    with pytest.raises(ValueError, match="k = 12"):
+        rf.gemm(_rand((64, 12), "bf16", 1), _rand((256, 12), "bf16", 2))
+    with pytest.raises(ValueError, match="n = 20"):
+        rf.gemm(a, _rand((20, 128), "bf16", 3))
+    with pytest.raises(ValueError, match="k differs"):
+        rf.gemm(a, _rand((256, 136), "bf16", 4))
+    with pytest.raises(TypeError, match="dtype"):
+        rf.gemm(a, _rand((256, 128), "f16", 5))
+    with pytest.raises(TypeError, match="dtype"):
+        rf.gemm(cupy.ones((64, 128), dtype=cupy.float32), cupy.ones((256, 128), dtype=cupy.float32))
+    with pytest.raises(ValueError, match="b_layout"):
+        rf.gemm(a, w, b_layout="nn")
+    with pytest.raises(ValueError, match="shape"):
+        rf.gemm(a, w, out=cupy.empty((64, 255), dtype=bf))
+    with pytest.raises(TypeError, match="out dtype"):
+        rf.gemm(a, w, out_dtype="f16")
+    with pytest.raises(ValueError, match="bias"):
+        rf.gemm(a, w, bias=_rand((255,), "bf16", 6))
+    with pytest.raises(ValueError, match="strides"):
+        rf.gemm(_rand((128, 64), "bf16", 9).T, w)
+    with pytest.raises(ValueError, match="2-D"):
+        rf.gemm(_rand((2, 64, 128), "bf16", 10), w)
+
+
+def test_fast_path_rechecks_pointers(rf):
+    """A second call with the same metadata takes the fast path: fresh buffers must still be right,
+    and an output overlapping an input must still raise before any launch."""
+    m, n = 256, 512
+    for _ in range(3):  # new buffers each time, same shapes: the fast path
+        a = _rand((m, n), "bf16", random.randrange(1 << 30))
+        w = _rand((n, n), "bf16", random.randrange(1 << 30))
+        out = _poisoned((m, n), "bf16")
+        rf.gemm(a, w, out=out)
+        assert _rel(out, _f64(a) @ _f64(w).T) < 1e-2
+        c = rf.gemm(a, w)  # allocating fast path
+        assert _rel(c, _f64(a) @ _f64(w).T) < 1e-2
+    big = _rand((2 * m, n), "bf16", 11)
+    with pytest.raises(ValueError, match="overlap"):
+        rf.gemm(big[:m], w, out=big[m // 2: m // 2 + m])
