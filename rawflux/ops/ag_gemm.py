@@ -153,9 +153,10 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
         steps += [Step("local"), Step("barrier")]
     else:
         steps += [Step("barrier"), Step("local"), Step("barrier")]
-    # The GEMM is launched before the copies are queued: its first row segment (the own chunk) needs
-    # nothing, so it starts while the host still queues the copies on the side streams.
-    steps += [Step("fork"), Step("gemm")]
+    # Producers are queued before the GEMM that waits on them. Streams may share one hardware
+    # queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it, or few connections under MPS):
+    # a spinning GEMM queued first would then hold back the copies it waits for, forever.
+    steps += [Step("fork")]
     if copy == "ce":
         if direction == "push":
             for i, q in enumerate(push_targets(rank, world)):
@@ -169,7 +170,7 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
                 steps.append(Step("flag", side, dst_rank=rank, chunk=q))
     else:
         steps.append(Step("sm_copy", 0))
-    steps += [Step("check", 0), Step("join")]
+    steps += [Step("gemm"), Step("check", 0), Step("join")]
     return steps
 
 
@@ -294,6 +295,12 @@ class AGGemm(CollectiveOp):
             self.copy_sms = default_copy_sms(self.sms) if copy_sms is None else int(copy_sms)
             if not 1 <= self.copy_sms < self.sms:
                 raise ValueError(f"copy_sms = {self.copy_sms}: between 1 and SMs - 1 = {self.sms - 1}")
+        # SMs the GEMM leaves free. The copy engine needs none between GPUs, but a copy between
+        # two processes' buffers on ONE device (the emulated node) runs as a driver kernel: a
+        # GEMM filling every SM and spinning on its flags would starve it (DESIGN hazard 1).
+        self.reserved_sms = self.copy_sms
+        if copy == "ce" and world > 1 and sum(getattr(g, "same_device", ())) > 1:
+            self.reserved_sms = max(2, min(8, self.sms // 8))
         self._gath = self._ready = None
         self._counters = None
         if world > 1:
@@ -332,7 +339,7 @@ class AGGemm(CollectiveOp):
                 self._cfgs.clear()
                 self._params.clear()
             base = G.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
-            ctas = self.sms - self.copy_sms if self.copy_sms else base.ctas
+            ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
             cfg = replace(base, splits=1, ctas=ctas)
             self._cfgs[m] = cfg
         return cfg
@@ -372,7 +379,7 @@ class AGGemm(CollectiveOp):
         if config is None:
             cfg = self.config(m)
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
-            ctas = min(config.ctas or self.sms, self.sms - self.copy_sms) if self.copy_sms else config.ctas
+            ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
             cfg = replace(config, splits=1, ctas=ctas)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():

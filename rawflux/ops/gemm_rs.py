@@ -424,16 +424,19 @@ class GemmRS(CollectiveOp):
         self.publish_meta(s, p.fields)
         self.barrier(s)
         (side,) = self.fork(s)
-        # The reduce kernel first (its R CTAs take their SMs), then the GEMM on the others.
         rparams = REDUCE_PARAMS.pack(self.parts.ptr, self.flags.ptr, self._meta.peer_table_ptr, self.group_ctrl_ptr,
                                      tc.ptr, bias_ptr, m, n, m_loc, p.cfg.tile.bm, p.cfg.tile.bn, p.tiles_n,
                                      self.tiles_cap, bias_kind)
-        _launch_reduce(self._reduce_kernel, p.reduce_grid, side, rparams)
+        # The GEMM (the producer) is queued before the reduce kernel that spins on its flags:
+        # streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, few connections
+        # under MPS), and a waiter queued first would hold its producer back. The GEMM leaves R
+        # SMs free, so where the queues are separate the reducer runs beside it.
         _gemm.launch_gemm(
             p.cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=dt, b_layout=self.b_layout,
             out_dtype=PARTIALS[self.partials][2], epilogue_params=p.epi_params, stream=s, device_id=dev, lda=lda, ldb=ldb,
             relpath=KERNEL_FILE, epilogue=scatter_epilogue(self.partials), seg_count=world, seg_start=p.seg_start,
         )
+        _launch_reduce(self._reduce_kernel, p.reduce_grid, side, rparams)
         # Once the GEMM is done its SMs are free: the same kernel on every SM takes the units the
         # side reducer has not claimed yet (the own rows come last, so usually most of them).
         _launch_reduce(self._reduce_kernel, p.tail_grid, s, rparams)

@@ -130,11 +130,15 @@ def test_simulation_can_fail():
         A.schedule = orig
 
 
-def test_gemm_is_issued_before_the_copies():
-    steps = A.schedule("push", "ce", 0, 4)
-    kinds = [s.kind for s in steps]
-    assert kinds.index("gemm") < kinds.index("copy")
-    assert kinds.index("fork") < kinds.index("gemm")
+@pytest.mark.parametrize("direction", ["push", "pull"])
+@pytest.mark.parametrize("copy", ["ce", "sm"])
+def test_every_producer_is_queued_before_the_gemm_that_waits(direction, copy):
+    # With one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1) a spinning GEMM queued first would
+    # hold back the copies it waits for: every copy and flag must be issued before the GEMM.
+    kinds = [s.kind for s in A.schedule(direction, copy, 1, 4)]
+    producers = [i for i, k in enumerate(kinds) if k in ("copy", "flag", "sm_copy", "local")]
+    assert producers and max(producers) < kinds.index("gemm")
+    assert kinds.index("fork") < kinds.index("gemm") < kinds.index("join")
 
 
 def test_schedule_rejects_unknown_modes():
