@@ -5,9 +5,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
-python -m pytest -q tests --ignore=tests/mpi || status=1
+python -m pytest -q --color=no tests --ignore=tests/mpi || status=1
 python -m rawflux.check_kernels || status=1
 for n in 2 4; do
-  python -m rawflux.launch -n "$n" --oversubscribe -- python -m pytest -q --with-mpi tests/mpi -p no:cacheprovider || status=1
+  python -m rawflux.launch -n "$n" --oversubscribe -- python -m pytest -q --color=no --with-mpi tests/mpi -p no:cacheprovider || status=1
 done
 exit $status

@@ -1,13 +1,24 @@
 """rawflux: tensor-parallel AllGather-GEMM and GEMM-ReduceScatter fused into one kernel (FLUX).
 
-The public API lives here; see README.md. Integration in progress: exports are added as the
-layers land.
+    import rawflux
+    group = rawflux.init()                                  # TP group over MPI.COMM_WORLD
+    c = rawflux.gemm(a, w)                                  # a @ w.T on the sm_90a engine
+    c = rawflux.ag_gemm(a_shard, w_shard, group)            # AllGather(a) @ w_shard.T
+    c = rawflux.gemm_rs(a, w_shard, group)                  # this rank's rows of sum_q a_q @ w_q.T
+    c = rawflux.baseline.ag_gemm(a_shard, w_shard, group)   # the non-overlapped reference
+
+Layers (imports run one way): this module -> ops -> tune -> dist / runtime -> jit -> cuda_src.
+See README.md and docs/ARCHITECTURE.md.
 """
 from ._version import __version__
 from . import env
-from . import baseline  # noqa: F401  (rawflux.baseline.ag_gemm / gemm_rs: the non-overlapped NCCL + cuBLAS reference)
+from .dist import CallMismatch, CollectiveTimeout, DistError, Group, current_group, finalize, init
+from .ops.gemm import gemm
+from .ops.ag_gemm import AGGemm, ag_gemm
+from .ops.gemm_rs import GemmRS, gemm_rs
+from . import baseline
 
-__all__ = ["__version__", "env"]
-from .ops.ag_gemm import AGGemm, ag_gemm  # noqa: F401,E402  (fused AllGather-GEMM: op object + functional form)
-from .ops.gemm_rs import GemmRS, gemm_rs  # noqa: F401,E402  (fused GEMM-ReduceScatter: op object + functional form)
-from .ops.gemm import gemm  # noqa: F401,E402  (rawflux.gemm: the sm_90a GEMM engine, C = A @ B^T or A @ B)
+__all__ = [
+    "AGGemm", "CallMismatch", "CollectiveTimeout", "DistError", "GemmRS", "Group", "__version__", "ag_gemm", "baseline",
+    "current_group", "env", "finalize", "gemm", "gemm_rs", "init",
+]

@@ -10,6 +10,7 @@ import json
 import sys
 
 import rawflux  # noqa: F401  (imports every op module, which registers its variants)
+import rawflux.bench.timing  # noqa: F401  (registers the benchmark's delay kernel)
 from rawflux.jit import CompileError, compile_cubin, kernel_source, variants
 
 

@@ -22,11 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ..jit import register as _register
 from .problems import Problem
 
 L2_FALLBACK = 60 * 1024 * 1024  # H100/H200: 50-60 MB
 MAX_SETS = 64  # enough for sets down to ~4 MB to exceed 4x a 60 MB L2
 HOST_LAUNCH_US = 25  # generous host cost per queued execution, to size the delay kernel
+
+# The delay kernel queued before each timed region (python -m rawflux.check_kernels compiles it).
+_register("bench_delay.cu", "rawflux::bench_delay_kernel", archs=("sm_90a", "sm_80"))
 
 
 def plan_nsets(set_bytes: int, l2_bytes: int, budget_bytes: int, max_sets: int = MAX_SETS) -> int:

@@ -550,21 +550,22 @@ def check_skip(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
 
 
 def checks(ctx: Ctx):
-    """(name, fn) of the checks on the main group, in order."""
+    """(name, fn) of the checks on the main group, in order. Each fn takes the context to run on:
+    after a check breaks the group, the next ones run on a fresh group's context."""
     quick = ctx.quick
     out = []
     for d, c in (MODES if ctx.world > 1 else MODES[:1]):
         tag = f"{d}/{c}"
-        out.append((f"bitwise[{tag},nk]", lambda d=d, c=c: check_bitwise(ctx, d, c, "nk", (256, 64, 128))))
-        out.append((f"bitwise[{tag},kn,bias]", lambda d=d, c=c: check_bitwise(ctx, d, c, "kn", (192,), with_bias=True)))
-        out.append((f"bitwise[{tag},odd_m]", lambda d=d, c=c: check_bitwise(ctx, d, c, "nk", ODD_M_LOCAL)))
-    out.append(("accuracy", lambda: check_accuracy(ctx)))
+        out.append((f"bitwise[{tag},nk]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (256, 64, 128))))
+        out.append((f"bitwise[{tag},kn,bias]", lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (192,), with_bias=True)))
+        out.append((f"bitwise[{tag},odd_m]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", ODD_M_LOCAL)))
+    out.append(("accuracy", check_accuracy))
     if ctx.world > 1:
-        out.append(("gathered_nccl", lambda: check_gathered_nccl(ctx)))
-    out.append(("random_calls", lambda: check_random_calls(ctx, 200 if quick else 1000)))
+        out.append(("gathered_nccl", check_gathered_nccl))
+    out.append(("random_calls", lambda x: check_random_calls(x, 200 if quick else 1000)))
     for d, c in (MODES if ctx.world > 1 else MODES[:1]):
-        out.append((f"graph[{d}/{c}]", lambda d=d, c=c: check_graph(ctx, d, c, 20 if quick else 100)))
-    out.append(("timing", lambda: check_timing(ctx)))
+        out.append((f"graph[{d}/{c}]", lambda x, d=d, c=c: check_graph(x, d, c, 20 if quick else 100)))
+    out.append(("timing", check_timing))
     return out
 
 
@@ -599,7 +600,7 @@ def worker(args) -> int:
         t0 = time.perf_counter()
         skipped = False
         try:
-            ok, detail = fn()
+            ok, detail = fn(ctx)
         except Skip as e:
             ok, detail, skipped = True, str(e), True
         except Exception as e:  # noqa: BLE001 - reported; the group is rebuilt if it broke
