@@ -121,8 +121,6 @@ class Kernel:
 
     def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
         """Plain launch through CuPy. ``stream`` is a CuPy stream or a raw handle (int)."""
-        import cupy
-
         self.set_max_dynamic_smem(smem)
         if isinstance(stream, int):
             stream = _external_stream(stream)

@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -636,42 +634,18 @@ def worker(args) -> int:
 
 
 def driver(args) -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
+    from _worlds import run_worlds
+
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("RAWFLUX_WAIT_TIMEOUT_S", "30")  # the main group: generous (MPS time-slicing, first compiles)
-    failures = []
-    passes = fails = skips = 0
-    for w in worlds:
-        mode = ["-n", str(w)] if (args.real or w == 1) else ["--emulate", str(w)]
-        cmd = [sys.executable, "-m", "rawflux.launch", *mode, os.path.abspath(__file__), "--worker", "--seed", str(args.seed),
-               "--timeout", str(args.timeout)] + (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            out, _ = p.communicate(timeout=args.per_world_timeout)
-            rc = p.returncode
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
-            interrupted = isinstance(e, KeyboardInterrupt)
-            p.send_signal(signal.SIGINT)  # the launcher must get the chance to stop its MPS daemon
-            try:
-                out, _ = p.communicate(timeout=45)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            rc = "interrupted" if interrupted else "timeout"
-        got = [ln for ln in out.splitlines() if ln.startswith("ag_gemm world=")]
-        for ln in got:
-            print(ln, flush=True)
-        passes += sum(" PASS " in ln for ln in got)
-        fails += sum(" FAIL " in ln for ln in got)
-        skips += sum(" SKIP " in ln for ln in got)
-        if rc != 0 or not got or any(" FAIL " in ln for ln in got):
-            failures.append(w)
-            print(f"ag_gemm world={w} launcher exit {rc} after {time.perf_counter() - t0:.1f} s; last output:\n"
-                  + "\n".join(out.splitlines()[-60:]), flush=True)
-        if rc == "interrupted":
-            break
+    extra = ["--seed", str(args.seed), "--timeout", str(args.timeout)] + (["--quick"] if args.quick else []) \
+        + (["--only", args.only] if args.only else [])
+    # the main group: a generous wait bound (MPS time-slicing, first compiles)
+    got, failures = run_worlds(__file__, "ag_gemm", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
+                               env_defaults={"RAWFLUX_WAIT_TIMEOUT_S": "30"})
+    passes = sum(" PASS " in ln for ln in got)
+    fails = sum(" FAIL " in ln for ln in got)
+    skips = sum(" SKIP " in ln for ln in got)
     print(f"ag_gemm summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'}; "
           f"{passes} pass, {fails} fail, {skips} skip over worlds {worlds}", flush=True)
     return 0 if not failures else 1

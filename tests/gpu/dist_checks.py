@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,43 +41,17 @@ def worker(args) -> int:
 
 
 def driver(args) -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
+    from _worlds import run_worlds
+
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    lines, latency, failures = [], {}, []
-    for w in worlds:
-        mode = ["-n", str(w)] if args.real else ["--emulate", str(w)]
-        cmd = [sys.executable, "-m", "rawflux.launch", *mode, os.path.abspath(__file__), "--worker",
-               "--barriers", str(args.barriers), "--replays", str(args.replays), "--timeout", str(args.timeout)]
-        t0 = time.perf_counter()
-        # Popen + SIGINT on timeout (not subprocess.run's SIGKILL): the launcher must get the
-        # chance to stop its MPS daemon.
-        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            out, _ = p.communicate(timeout=args.per_world_timeout)
-            rc = p.returncode
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
-            interrupted = isinstance(e, KeyboardInterrupt)
-            p.send_signal(signal.SIGINT)
-            try:
-                out, _ = p.communicate(timeout=45)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            rc = "interrupted" if interrupted else "timeout"
-        got = [ln for ln in out.splitlines() if ln.startswith("dist world=")]
-        for ln in got:
-            print(ln, flush=True)
-            m = re.search(r"barrier_latency\s+PASS\s+([\d.]+) us", ln)
-            if m:
-                latency[w] = float(m.group(1))
-        if rc != 0 or not got or any(" FAIL " in ln for ln in got):
-            failures.append(w)
-            print(f"dist world={w} launcher exit {rc} after {time.perf_counter() - t0:.1f} s; last output:\n"
-                  + "\n".join(out.splitlines()[-40:]), flush=True)
-        lines += got
-        if rc == "interrupted":
-            break
+    extra = ["--barriers", str(args.barriers), "--replays", str(args.replays), "--timeout", str(args.timeout)]
+    lines, failures = run_worlds(__file__, "dist", worlds, extra, real=args.real, timeout_s=args.per_world_timeout, tail=40)
+    latency = {}
+    for ln in lines:
+        m = re.search(r"dist world=(\d+) barrier_latency\s+PASS\s+([\d.]+) us", ln)
+        if m:
+            latency[int(m.group(1))] = float(m.group(2))
     lat = ", ".join(f"world {w}: {latency[w]:.2f} us" for w in sorted(latency)) or "none measured"
     print(f"dist summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'}; "
           f"barrier latency (median, us per barrier): {lat}", flush=True)

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -626,40 +624,14 @@ def worker(args) -> int:
 
 
 def driver(args) -> int:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
+    from _worlds import run_worlds
+
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    failures = []
     extra = ["--runs", str(args.runs), "--calls", str(args.calls), "--replays", str(args.replays),
              "--timeout", str(args.timeout)] + (["--no-perf"] if args.no_perf else [])
-    for w in worlds:
-        if args.real or w == 1:
-            mode = ["-n", str(w)]
-        else:
-            mode = ["--emulate", str(w)]
-        cmd = [sys.executable, "-m", "rawflux.launch", *mode, os.path.abspath(__file__), "--worker", *extra]
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            out, _ = p.communicate(timeout=args.per_world_timeout)
-            rc = p.returncode
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
-            p.send_signal(signal.SIGINT)  # the launcher must get to stop its MPS daemon
-            try:
-                out, _ = p.communicate(timeout=45)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-            rc = "interrupted" if isinstance(e, KeyboardInterrupt) else "timeout"
-        got = [ln for ln in out.splitlines() if ln.startswith("gemm_rs world=")]
-        for ln in got:
-            print(ln, flush=True)
-        if rc != 0 or not any(" PASS " in ln for ln in got) or any(" FAIL " in ln for ln in got):
-            failures.append(w)
-            print(f"gemm_rs world={w} launcher exit {rc} after {time.perf_counter() - t0:.1f} s; last output:\n"
-                  + "\n".join(out.splitlines()[-60:]), flush=True)
-        if rc == "interrupted":
-            break
+    _, failures = run_worlds(__file__, "gemm_rs", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
+                             needs_pass=True)
     print(f"gemm_rs summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'} (worlds {worlds})", flush=True)
     return 0 if not failures else 1
 
