@@ -20,9 +20,13 @@ for stage in "$@"; do
       log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null
       python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" ;;
     pytest)
-      log pytest tests/gpu; timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/cpu/test_gemm_compile.py 2>&1 | tail -40 || rc=1 ;;
+      # One process per file: in one process, torch's import failed after the fused-op tests had
+      # run (2026-11-29, not understood yet; each file passes on its own).
+      for f in tests/gpu/test_*.py; do
+        log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | tail -${TAIL:-15} || rc=1
+      done ;;
     dist)
-      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} --per-world-timeout 120 2>&1 | grep -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
+      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
     ag)
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
     rs)
@@ -30,7 +34,7 @@ for stage in "$@"; do
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
         log pytest-mpi emulated world $n
-        timeout 300 python3 -m rawflux.launch --emulate $n -m pytest -q -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
+        timeout 300 python3 -m rawflux.launch --emulate $n -m pytest -q --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
       done ;;
     bench)
       log rawflux.bench emulated ${BENCH_WORLD:-4}

@@ -138,10 +138,14 @@ def ag_direction() -> str:
     return raw
 
 
-def ag_copy() -> str:
-    """RAWFLUX_AG_COPY: default copy path of rawflux.ag_gemm, 'ce' (copy engine, default) or 'sm'
-    (a copy kernel on a few SMs, the GEMM on the rest)."""
-    raw = (os.environ.get("RAWFLUX_AG_COPY") or "ce").strip().lower()
+def ag_copy() -> str | None:
+    """RAWFLUX_AG_COPY: default copy path of rawflux.ag_gemm, 'ce' (copy engine) or 'sm' (a copy
+    kernel on a few SMs, the GEMM on the rest). Unset: 'ce' between GPUs, 'sm' where ranks share
+    a GPU (the emulated node: a copy between two processes' buffers on one GPU is no copy-engine
+    transfer, and large ones were seen to stall behind a GEMM that waits on them)."""
+    raw = (os.environ.get("RAWFLUX_AG_COPY") or "").strip().lower()
+    if not raw:
+        return None
     if raw not in ("ce", "sm"):
         raise ValueError(f"RAWFLUX_AG_COPY must be 'ce' or 'sm', got {raw!r}")
     return raw

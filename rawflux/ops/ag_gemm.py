@@ -191,6 +191,17 @@ def sm_copy_steps(direction: str, rank: int, world: int) -> list[Step]:
 # argument checks (shared by the op object and the functional form)
 
 
+def default_copy(group, copy: str | None = None) -> str:
+    """The copy path: ``copy`` if given, else RAWFLUX_AG_COPY, else 'ce' when every peer is on
+    another GPU and 'sm' when ranks share one (see rawflux.env.ag_copy)."""
+    if copy is not None:
+        return copy
+    chosen = env.ag_copy()
+    if chosen is not None:
+        return chosen
+    return "sm" if sum(getattr(group, "same_device", ())) > 1 else "ce"
+
+
 def _check_options(direction: str, copy: str, b_layout: str) -> None:
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"b_layout must be 'nk' (b is (n_local, k), a linear layer's weight) or 'kn' (b is (k, n_local)), not {b_layout!r}")
@@ -205,23 +216,6 @@ def _check_nk(n: int, k: int) -> None:
         raise ValueError(f"k = {k} must be a positive multiple of 8 (16-byte rows for the TMA loads and the copies)")
     if n < 8 or n % 8:
         raise ValueError(f"n = {n} (columns of this rank's output) must be a positive multiple of 8 (16-byte rows for the TMA loads and stores)")
-
-
-def _bias_args(bias, n: int, dt: DType, dev: int, s: int):
-    if bias is None:
-        return None, 0, G.BIAS_NONE
-    tb = as_tensor(bias, "bias", stream=s)
-    if tb.dtype not in (dt, DType.F32):
-        raise TypeError(f"bias has dtype {tb.dtype} but must be {dt} (like a_shard) or f32")
-    if tb.ndim != 1 or tb.shape[0] != n:
-        raise ValueError(f"bias must have shape ({n},) (one value per output column), got {tuple(tb.shape)}")
-    if tb.device != dev:
-        raise ValueError(f"bias is on device {tb.device} but the group uses device {dev}")
-    if n > 1 and tb.strides[0] != 1:
-        raise ValueError(f"bias must be contiguous (stride 1), got stride {tb.strides[0]}")
-    if tb.ptr % 4:
-        raise ValueError(f"bias's data pointer {tb.ptr:#x} is not 4-byte aligned")
-    return tb, tb.ptr, (G.BIAS_F32 if tb.dtype == DType.F32 else G.BIAS_IN16)
 
 
 def _cupy_matrix(ptr: int, rows: int, cols: int, dt: DType, owner, device: int):
@@ -262,7 +256,7 @@ class AGGemm(CollectiveOp):
     def __init__(self, group, max_m: int, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
                  copy: str | None = None, out_dtype=None, copy_sms: int | None = None, ce_streams: int = 1):
         direction = env.ag_direction() if direction is None else direction
-        copy = env.ag_copy() if copy is None else copy
+        copy = default_copy(resolve_group(group), copy)
         _check_options(direction, copy, b_layout)
         dt = DType.from_any(dtype)
         if dt not in DTYPES:
@@ -362,7 +356,7 @@ class AGGemm(CollectiveOp):
             )
         bshape = (self.n, self.k) if self.b_layout == "nk" else (self.k, self.n)
         tb = check_matrix(as_tensor(b, "b", stream=s), "b", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
-        tbias, bias_ptr, bias_kind = _bias_args(bias, self.n, dt, dev, s)
+        tbias, bias_ptr, bias_kind = G.bias_args(bias, self.n, dt, dev, s, like="a_shard")
         inputs = {"a_shard": ta, "b": tb} | ({"bias": tbias} if tbias is not None else {})
         tg = None
         if gathered_out is not None:
@@ -529,9 +523,9 @@ def cached_op(group, n: int, k: int, dtype, b_layout: str = "nk", *, direction: 
     e.g. its ``last_config`` for rawflux.gemm(..., config=) comparisons."""
     dt = DType.from_any(dtype)
     od = dt if out_dtype is None else DType.from_any(out_dtype)
-    key = (int(n), int(k), dt, b_layout, env.ag_direction() if direction is None else direction,
-           env.ag_copy() if copy is None else copy, od)
-    return _cache.peek(resolve_group(group), key)
+    g = resolve_group(group)
+    key = (int(n), int(k), dt, b_layout, env.ag_direction() if direction is None else direction, default_copy(g, copy), od)
+    return _cache.peek(g, key)
 
 
 def bench_variants() -> list[tuple[str, dict]]:
@@ -557,7 +551,7 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     before capturing a CUDA graph."""
     g = resolve_group(group)
     direction = env.ag_direction() if direction is None else direction
-    copy = env.ag_copy() if copy is None else copy
+    copy = default_copy(g, copy)
     _check_options(direction, copy, b_layout)
     s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
     ta = as_tensor(a_shard, "a_shard", stream=s)

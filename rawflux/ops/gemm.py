@@ -70,6 +70,30 @@ register_variants()
 def local_store_params(c_ptr: int, ldc: int, bias_ptr: int = 0, bias_kind: int = BIAS_NONE) -> bytes:
     return _LOCAL_STORE.pack(int(c_ptr), int(bias_ptr), int(ldc), int(bias_kind), 0)
 
+def bias_args(bias, n: int, dt: DType, dev: int, stream: int, *, like: str = "a", device_owner: str = "the group",
+              align: int = 4, op: str = ""):
+    """(Tensor or None, pointer, bias kind) of an optional (n,) bias in the inputs' dtype or f32,
+    checked before any launch. The engine's epilogue reads it by element (4-byte alignment);
+    a kernel that reads it in 16-byte vectors asks for align=16."""
+    if bias is None:
+        return None, 0, BIAS_NONE
+    pre = f"{op}: " if op else ""
+    tb = as_tensor(bias, "bias", stream=stream)
+    if tb.dtype not in (dt, DType.F32):
+        raise TypeError(f"{pre}bias has dtype {tb.dtype} but must be {dt} (like {like}) or f32")
+    if tb.ndim != 1 or tb.shape[0] != n:
+        raise ValueError(f"{pre}bias must have shape ({n},) (one value per output column), got {tuple(tb.shape)}")
+    if tb.device != dev:
+        owner = f"the group uses device {dev}" if device_owner == "the group" else f"{device_owner} is on device {dev}"
+        raise ValueError(f"{pre}bias is on device {tb.device} but {owner}")
+    if n > 1 and tb.strides[0] != 1:
+        raise ValueError(f"{pre}bias must be contiguous (stride 1), got stride {tb.strides[0]}")
+    if tb.ptr % align:
+        raise ValueError(f"{pre}bias's data pointer {tb.ptr:#x} is not {align}-byte aligned"
+                         + (" (pass a fresh allocation)" if align > 4 else ""))
+    return tb, tb.ptr, (BIAS_F32 if tb.dtype == DType.F32 else BIAS_IN16)
+
+
 
 # ------------------------------------------------------------------------------------------------
 # tensor maps
@@ -529,21 +553,7 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
     od = (out.dtype if out is not None else ta.dtype) if out_dtype is None else DType.from_any(out_dtype)
     if od not in out_dtypes_for(ta.dtype):
         raise TypeError(f"out dtype {od} is not supported for {ta.dtype} inputs: use {ta.dtype} or f32")
-    bias_ptr, bias_kind, tbias = 0, BIAS_NONE, None
-    if bias is not None:
-        tbias = as_tensor(bias, "bias", stream=s)
-        if tbias.dtype not in (ta.dtype, DType.F32):
-            raise TypeError(f"bias has dtype {tbias.dtype} but must be {ta.dtype} (like a) or f32")
-        if tbias.ndim != 1 or tbias.shape[0] != n:
-            raise ValueError(f"bias must have shape ({n},) (one value per output column), got {tuple(tbias.shape)}")
-        if tbias.device != dev:
-            raise ValueError(f"bias is on device {tbias.device} but a is on device {dev}")
-        if n > 1 and tbias.strides[0] != 1:
-            raise ValueError(f"bias must be contiguous (stride 1), got stride {tbias.strides[0]}")
-        if tbias.ptr % 4:
-            raise ValueError(f"bias's data pointer {tbias.ptr:#x} is not 4-byte aligned")
-        bias_ptr = tbias.ptr
-        bias_kind = BIAS_F32 if tbias.dtype == DType.F32 else BIAS_IN16
+    tbias, bias_ptr, bias_kind = bias_args(bias, n, ta.dtype, dev, s, like="a", device_owner="a")
     inputs = {"a": ta, "b": tb} if tbias is None else {"a": ta, "b": tb, "bias": tbias}
     tc, _ = prepare_output(out, "out", (m, n), od, ta, stream=s, inputs=inputs)
     if m == 0:

@@ -398,20 +398,8 @@ class GemmRS(CollectiveOp):
         tb = check_matrix(as_tensor(b_shard, "b_shard", stream=s), "b_shard", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
         m = ta.shape[0]
         m_loc = check_m(m, self.max_m, world)
-        bias_ptr, bias_kind, tbias = 0, BIAS_NONE, None
-        if bias is not None:
-            tbias = as_tensor(bias, "bias", stream=s)
-            if tbias.dtype not in (dt, DType.F32):
-                raise TypeError(f"gemm_rs: bias has dtype {tbias.dtype.tag} but must be {dt.tag} (like a) or f32")
-            if tbias.ndim != 1 or tbias.shape[0] != n:
-                raise ValueError(f"gemm_rs: bias must have shape ({n},) (one value per output column), got {tuple(tbias.shape)}")
-            if tbias.device != dev:
-                raise ValueError(f"gemm_rs: bias is on device {tbias.device} but the group uses device {dev}")
-            if n > 1 and tbias.strides[0] != 1:
-                raise ValueError(f"gemm_rs: bias must be contiguous (stride 1), got stride {tbias.strides[0]}")
-            if tbias.ptr % 16:
-                raise ValueError(f"gemm_rs: bias's data pointer {tbias.ptr:#x} is not 16-byte aligned (pass a fresh allocation)")
-            bias_ptr, bias_kind = tbias.ptr, (BIAS_F32 if tbias.dtype == DType.F32 else BIAS_IN16)
+        # 16-byte alignment: the reduce kernel reads the bias in 16-byte vectors
+        tbias, bias_ptr, bias_kind = _gemm.bias_args(bias, n, dt, dev, s, align=16, op="gemm_rs")
         inputs = {"a": ta, "b_shard": tb} | ({"bias": tbias} if tbias is not None else {})
         tc, _ = prepare_output(out, "out", (m_loc, n), dt, ta, stream=s, inputs=inputs)
         lda = ta.strides[0] if m > 1 else k

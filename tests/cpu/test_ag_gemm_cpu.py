@@ -587,3 +587,29 @@ def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
     assert last_copy[1:4] == (BASE + (3 << 30), op._gath.ptr, 256 * 128 * 2) and last_copy[4] == 7
     with pytest.raises(ValueError, match="above this op's max_m = 256"):
         op(FakeCAI(BASE, (129, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), stream=7)
+
+
+class _SameDeviceGroup:
+    def __init__(self, same_device):
+        self.same_device = same_device
+
+
+@pytest.mark.parametrize("same_device,env_value,given,want", [
+    ([True, False, False, False], None, None, "ce"),   # one rank per GPU: the copy engine
+    ([True, True, True, True], None, None, "sm"),      # the emulated node: copies by SMs
+    ([True, True, True, True], "ce", None, "ce"),      # RAWFLUX_AG_COPY wins over the guess
+    ([True, False], "sm", None, "sm"),
+    ([True, True], "sm", "ce", "ce"),                  # an explicit argument wins over both
+])
+def test_default_copy_path(monkeypatch, same_device, env_value, given, want):
+    if env_value is None:
+        monkeypatch.delenv("RAWFLUX_AG_COPY", raising=False)
+    else:
+        monkeypatch.setenv("RAWFLUX_AG_COPY", env_value)
+    assert A.default_copy(_SameDeviceGroup(same_device), given) == want
+
+
+def test_bad_copy_switch_is_rejected(monkeypatch):
+    monkeypatch.setenv("RAWFLUX_AG_COPY", "dma")
+    with pytest.raises(ValueError, match="RAWFLUX_AG_COPY must be 'ce' or 'sm'"):
+        A.default_copy(_SameDeviceGroup([True]), None)
