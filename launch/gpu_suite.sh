@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
-# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench
+# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agdiag
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
@@ -41,6 +41,13 @@ for stage in "$@"; do
       timeout 400 python3 -m rawflux.launch --emulate ${BENCH_WORLD:-4} -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1 ;;
     gemmbench)
       log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
+    agdiag)
+      # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py), for the paths that stalled on 2026-11-29
+      for spec in "2 push ce 2048" "8 pull ce 256"; do
+        set -- $spec
+        log ag_diag world $1 $2/$3 m_local $4
+        timeout 120 python3 -m rawflux.launch --emulate $1 tests/gpu/ag_diag.py --direction $2 --copy $3 --m-local $4 2>&1 | grep -a "^\[" | head -40
+      done ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
 done
