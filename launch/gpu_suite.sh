@@ -44,9 +44,9 @@ for stage in "$@"; do
     agdiag)
       # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py), for the paths that stalled on 2026-11-29
       for spec in "2 push ce 2048" "8 pull ce 256"; do
-        set -- $spec
-        log ag_diag world $1 $2/$3 m_local $4
-        timeout 120 python3 -m rawflux.launch --emulate $1 tests/gpu/ag_diag.py --direction $2 --copy $3 --m-local $4 2>&1 | grep -a "^\[" | head -40
+        read -r w dir cp ml <<< "$spec"
+        log ag_diag world $w $dir/$cp m_local $ml
+        timeout 120 python3 -m rawflux.launch --emulate $w tests/gpu/ag_diag.py --direction $dir --copy $cp --m-local $ml 2>&1 | grep -a "^\[" | head -40
       done ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
