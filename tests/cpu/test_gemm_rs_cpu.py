@@ -3,6 +3,8 @@ emulated in numpy (exact integer arithmetic), argument checks, the Python mirror
 structs (compiled as static_asserts with NVRTC), and the kernels' resource reports."""
 from __future__ import annotations
 
+from tests.cpu.test_ag_gemm_cpu import fake_cuda  # noqa: F401,E402  (fixture: every CUDA entry point faked)
+
 import numpy as np
 import pytest
 
@@ -361,3 +363,42 @@ def test_store_rows_f32_exchange(wn):
                 assert np.isnan(got[row, col:col + 4]).all(), "two lanes store the same chunk"
                 got[row, col:col + 4] = v
     np.testing.assert_array_equal(got, truth)
+
+
+# --------------------------------------------------------------------------------------------
+# a whole call at world 4 with every CUDA entry point faked: the order of what is issued
+
+
+def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monkeypatch):
+    """Streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1; MPS): a reduce kernel
+    queued before the GEMM whose flags it spins on would hold that GEMM back until it times out
+    (seen on the emulated node, 2026-11-29). The GEMM must be issued first."""
+    from rawflux.ops import _collective as C
+    from rawflux.ops import gemm_rs as R
+    from tests.cpu.test_ag_gemm_cpu import BASE, FakeCAI, _Group, _Kernel
+
+    log, _ = fake_cuda
+
+    class _ExKernel(_Kernel):
+        def launch_ex(self, grid, block, args, stream=None, **kw):
+            log.append(("kernel", self.name.split("::")[-1].split("<")[0], stream))
+
+    monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _ExKernel(name, log))
+    monkeypatch.setattr(R._gemm, "launch_gemm", lambda *a, **kw: log.append(("gemm", kw["stream"])))
+    monkeypatch.setattr(R, "_launch_reduce", lambda kernel, grid, stream, params: log.append(("reduce", stream, grid)))
+    rank, world, m, n, k = 1, 4, 512, 256, 128
+    monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
+    op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16")
+    main = 0x42
+    log.clear()
+    out = FakeCAI(BASE + (1 << 30), (m // world, n))
+    res = op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=out, stream=main)
+    assert res is out
+    kinds = [e[0] for e in log]
+    gemm_at = kinds.index("gemm")
+    reduces = [i for i, kd in enumerate(kinds) if kd == "reduce"]
+    assert log[gemm_at][1] == main and len(reduces) == 2
+    assert gemm_at < min(reduces), log  # the producer first
+    assert kinds.index("barrier") < gemm_at  # buffers are free: every peer finished the last call
+    side = [e for e in log if e[0] == "reduce" and e[1] != main]
+    assert len(side) == 1  # one reducer beside the GEMM, one after it on the caller's stream
