@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
-# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agdiag
+# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agdiag sanitize
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
@@ -41,6 +41,17 @@ for stage in "$@"; do
       timeout 400 python3 -m rawflux.launch --emulate ${BENCH_WORLD:-4} -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1 ;;
     gemmbench)
       log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
+    sanitize)
+      # compute-sanitizer at world 2, two processes on one GPU WITHOUT MPS (the sanitizer does not
+      # attach to MPS clients): slow signal rounds, so small problems and few calls.
+      for tool in memcheck racecheck; do
+        log compute-sanitizer $tool gemm_rs world 2
+        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
+          python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|gemm_rs world=2 (correct|graph|loop)" | head -20
+        log compute-sanitizer $tool ag_gemm world 2
+        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
+          python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|ag_gemm world=2" | head -20
+      done ;;
     agdiag)
       # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py), for the paths that stalled on 2026-11-29
       for spec in "2 push ce 2048" "8 pull ce 256"; do
