@@ -44,6 +44,7 @@ for stage in "$@"; do
     sanitize)
       # compute-sanitizer at world 2, two processes on one GPU WITHOUT MPS (the sanitizer does not
       # attach to MPS clients): slow signal rounds, so small problems and few calls.
+      export RAWFLUX_WAIT_TIMEOUT_S=60  # the sanitizer slows every kernel many times over
       for tool in memcheck racecheck; do
         log compute-sanitizer $tool gemm_rs world 2
         timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
