@@ -16,6 +16,20 @@ def _flag(name: str, default: bool = False) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
+def _positive_int(name: str) -> int | None:
+    """A switch holding a positive integer; None when unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        val = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}") from None
+    if val < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return val
+
+
 def cache_dir() -> Path:
     """RAWFLUX_CACHE_DIR: where compiled cubins live (default ~/.cache/rawflux)."""
     raw = os.environ.get("RAWFLUX_CACHE_DIR")
@@ -154,16 +168,7 @@ def ag_copy() -> str | None:
 def ag_copy_sms() -> int | None:
     """RAWFLUX_AG_COPY_SMS: SMs the 'sm' copy path of rawflux.ag_gemm takes from the GEMM
     (default: min(16, SMs // 4))."""
-    raw = os.environ.get("RAWFLUX_AG_COPY_SMS")
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        val = int(raw)
-    except ValueError:
-        raise ValueError(f"RAWFLUX_AG_COPY_SMS must be a positive integer, got {raw!r}") from None
-    if val < 1:
-        raise ValueError(f"RAWFLUX_AG_COPY_SMS must be a positive integer, got {raw!r}")
-    return val
+    return _positive_int("RAWFLUX_AG_COPY_SMS")
 
 
 # --- fused GEMM-ReduceScatter switches (rawflux.ops.gemm_rs) ------------------------------------
@@ -172,13 +177,4 @@ def ag_copy_sms() -> int | None:
 def rs_reduce_ctas() -> int | None:
     """RAWFLUX_RS_REDUCE_CTAS: CTAs of rawflux.gemm_rs's reduce kernel, the SMs it takes from the
     GEMM (default: about 1/8 of the SMs)."""
-    raw = os.environ.get("RAWFLUX_RS_REDUCE_CTAS")
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        val = int(raw)
-    except ValueError:
-        raise ValueError(f"RAWFLUX_RS_REDUCE_CTAS must be a positive integer, got {raw!r}") from None
-    if val < 1:
-        raise ValueError(f"RAWFLUX_RS_REDUCE_CTAS must be a positive integer, got {raw!r}")
-    return val
+    return _positive_int("RAWFLUX_RS_REDUCE_CTAS")

@@ -443,6 +443,20 @@ def _fresh(comm, timeout_s):
     return sub, init(sub, timeout_s=timeout_s)
 
 
+def _close_fresh(sub, g) -> None:
+    try:
+        g.close()
+    finally:
+        sub.Free()
+
+
+def _agree_all(comm, ok, detail: str, prefix: str):
+    """(every rank ok, the prefix + rank 0's detail, or every failing rank's)."""
+    oks = comm.allgather(bool(ok))
+    dets = comm.allgather(detail)
+    return all(oks), prefix + (dets[0] if all(oks) else "; ".join(f"r{q}: {d}" for q, d in enumerate(dets) if not oks[q]))
+
+
 def check_mismatch_m(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
     import cupy
 
@@ -484,14 +498,8 @@ def check_mismatch_m(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
     except Exception as e:  # noqa: BLE001
         detail = f"{type(e).__name__}: {e}"
     finally:
-        try:
-            g.close()
-        finally:
-            sub.Free()
-    oks = comm.allgather(bool(ok))
-    dets = comm.allgather(detail)
-    return all(oks), f"last rank used m/W={m_loc + 64}, others {m_loc}; " + (
-        dets[0] if all(oks) else "; ".join(f"r{q}: {d}" for q, d in enumerate(dets) if not oks[q]))
+        _close_fresh(sub, g)
+    return _agree_all(comm, ok, detail, f"last rank used m/W={m_loc + 64}, others {m_loc}; ")
 
 
 def check_skip(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
@@ -534,13 +542,8 @@ def check_skip(comm, direction, copy, timeout_s, n=128, k=256, m_loc=64):
     except Exception as e:  # noqa: BLE001
         detail = f"{type(e).__name__}: {e}"
     finally:
-        try:
-            g.close()
-        finally:
-            sub.Free()
-    oks = comm.allgather(bool(ok))
-    dets = comm.allgather(detail)
-    return all(oks), f"rank {skip} skipped; " + (dets[0] if all(oks) else "; ".join(f"r{q}: {d}" for q, d in enumerate(dets) if not oks[q]))
+        _close_fresh(sub, g)
+    return _agree_all(comm, ok, detail, f"rank {skip} skipped; ")
 
 
 # --------------------------------------------------------------------------------------------
