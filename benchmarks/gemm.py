@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -29,14 +28,9 @@ L2_BYTES = 60 << 20
 
 
 def _commit() -> str:
-    c = os.environ.get("RAWFLUX_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    from rawflux.bench.timing import git_commit
+
+    return git_commit() or "unknown"
 
 
 def precompile(jobs: int = 16) -> None:

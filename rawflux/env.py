@@ -178,3 +178,10 @@ def rs_reduce_ctas() -> int | None:
     """RAWFLUX_RS_REDUCE_CTAS: CTAs of rawflux.gemm_rs's reduce kernel, the SMs it takes from the
     GEMM (default: about 1/8 of the SMs)."""
     return _positive_int("RAWFLUX_RS_REDUCE_CTAS")
+
+
+def commit_override() -> str | None:
+    """RAWFLUX_COMMIT: the commit benchmark records name when rawflux runs from a copy without
+    .git (the device machine gets a copy of the working tree); unset: ``git rev-parse HEAD``."""
+    raw = os.environ.get("RAWFLUX_COMMIT", "").strip()
+    return raw or None

@@ -68,7 +68,11 @@ class RunInfo:
 
 
 def git_commit() -> str | None:
-    """HEAD of the checkout rawflux runs from (None outside a git checkout)."""
+    """HEAD of the checkout rawflux runs from; RAWFLUX_COMMIT where there is no .git; else None."""
+    from rawflux import env
+
+    if env.commit_override():
+        return env.commit_override()
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
