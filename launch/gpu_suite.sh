@@ -54,11 +54,13 @@ for stage in "$@"; do
           python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|ag_gemm world=2" | head -20
       done ;;
     agdiag)
-      # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py), for the paths that stalled on 2026-11-29
-      for spec in "2 push ce 2048" "8 pull ce 256"; do
-        read -r w dir cp ml <<< "$spec"
-        log ag_diag world $w $dir/$cp m_local $ml
-        timeout 120 python3 -m rawflux.launch --emulate $w tests/gpu/ag_diag.py --direction $dir --copy $cp --m-local $ml 2>&1 | grep -a "^\[" | head -40
+      # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py). AGDIAG: ';'-separated
+      # "world direction copy m_local [extra args]" specs (default: the paths that stalled on 2026-11-29)
+      IFS=';' read -ra specs <<< "${AGDIAG:-2 push ce 2048 --batch;8 pull ce 256}"
+      for spec in "${specs[@]}"; do
+        read -r w dir cp ml extra <<< "$spec"
+        log ag_diag world $w $dir/$cp m_local $ml $extra
+        timeout 150 python3 -m rawflux.launch --emulate $w tests/gpu/ag_diag.py --direction $dir --copy $cp --m-local $ml $extra 2>&1 | grep -a "^\[" | grep -v "AGGemm object" | head -40
       done ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

@@ -8,7 +8,7 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("RAWFLUX_WAIT_TIMEOUT_S", "8")
+os.environ.setdefault("RAWFLUX_WAIT_TIMEOUT_S", "30")  # longer than the 10 s watch: a stall shows its pending steps
 import cupy as cp
 import ml_dtypes
 import numpy as np
@@ -25,6 +25,7 @@ ap.add_argument("--n", type=int, default=4096)
 ap.add_argument("--k", type=int, default=4096)
 ap.add_argument("--calls", type=int, default=12)
 ap.add_argument("--sync-every", type=int, default=0, help="host-synchronise after every N calls (0: never)")
+ap.add_argument("--batch", action="store_true", help="queue every call back to back, then watch them all (as the timing check does)")
 args = ap.parse_args()
 
 g = rawflux.init()
@@ -64,17 +65,31 @@ def launch(kernel, grid, threads, cluster, smem, stream, a_):
 cp.cuda.runtime.memcpyAsync, cp.cuda.runtime.memcpy2DAsync, G._launch = memcpy, memcpy2d, launch
 print(f"[{r}] {op!r} sms={op.sms} reserved={op.reserved_sms} copy_sms={op.copy_sms} main stream {s.ptr:#x}", flush=True)
 for call in range(args.calls):
-    marks.clear()
-    op(a, b, out=out, stream=s.ptr)
+    if not args.batch:
+        marks.clear()
+    marks.append((f"-- call {call}", None))
+    try:
+        op(a, b, out=out, stream=s.ptr)
+    except Exception as e:  # noqa: BLE001  (a previous call's device-side failure)
+        print(f"[{r}] call {call} raised at its start: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        break
     _mark("end of call (main stream)", s.ptr)
+    if args.batch and call + 1 < args.calls:
+        continue
     if args.sync_every and (call + 1) % args.sync_every == 0:
         s.synchronize()
     t0 = time.time()
-    while time.time() - t0 < 10 and not marks[-1][1].done:
+    while time.time() - t0 < 10 and not marks[-1][1].done:  # the device waits: RAWFLUX_WAIT_TIMEOUT_S (30 here)
         time.sleep(0.005)
     if marks[-1][1].done:
         continue
-    pending = [label for label, ev in marks if not ev.done]
+    last_call = "?"
+    pending = []
+    for label, ev in marks:
+        if ev is None:
+            last_call = label
+        elif not ev.done:
+            pending.append(f"{last_call}: {label}")
     print(f"[{r}] call {call}: not done after 10 s; {len(pending)} of {len(marks)} steps pending, first: {pending[:4]}", flush=True)
     break
 try:
