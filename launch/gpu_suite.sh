@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
-# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agdiag sanitize
+# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agce agdiag sanitize
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
@@ -45,13 +45,22 @@ for stage in "$@"; do
       # compute-sanitizer at world 2, two processes on one GPU WITHOUT MPS (the sanitizer does not
       # attach to MPS clients): slow signal rounds, so small problems and few calls.
       export RAWFLUX_WAIT_TIMEOUT_S=60  # the sanitizer slows every kernel many times over
+      # memcheck also lists failed CUDA API calls: cuda.bindings probes absent driver entry points
+      # with cuGetProcAddress at import (harmless); the grouped counts below show any other kind.
       for tool in memcheck racecheck; do
         log compute-sanitizer $tool gemm_rs world 2
-        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
-          python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|gemm_rs world=2 (correct|graph|loop)" | head -20
+        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
+          python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|gemm_rs world=2 (correct|graph|loop)" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
         log compute-sanitizer $tool ag_gemm world 2
-        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
-          python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|hazard|ag_gemm world=2" | head -20
+        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
+          python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|ag_gemm world=2" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
+      done ;;
+    agce)
+      # The copy-engine paths of ag_gemm where ranks share the GPU WITHOUT MPS (time-sliced
+      # contexts): under MPS 'ce' is refused (rawflux/ops/ag_gemm.py, _check_copy_path).
+      for w in ${CE_WORLDS:-2 4}; do
+        log ag_gemm ce paths world $w without MPS
+        timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/ce" 2>&1 | grep -a -E "ag_gemm world=" | head -30 || rc=1
       done ;;
     agdiag)
       # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py). AGDIAG: ';'-separated

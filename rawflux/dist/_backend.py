@@ -55,6 +55,9 @@ def barrier_block(world: int) -> int:
     return 32 * ((world + 31) // 32)
 
 
+MPS_ENABLED_ATTR = 133  # cudaDevAttrMpsEnabled / CU_DEVICE_ATTRIBUTE_MPS_ENABLED (CUDA >= 12.x)
+
+
 class CudaBackend:
     name = "cuda"
     has_device = True
@@ -92,6 +95,12 @@ class CudaBackend:
         from cupy.cuda import runtime
 
         return bool(runtime.deviceCanAccessPeer(dev, peer))
+
+    def mps_enabled(self, dev: int) -> bool:
+        """Whether this process's contexts on ``dev`` are MPS clients (cudaDevAttrMpsEnabled)."""
+        from cupy.cuda import runtime
+
+        return bool(runtime.deviceGetAttribute(MPS_ENABLED_ATTR, dev))
 
     def enable_peer_access(self, peer: int) -> None:
         """Enable access from the current device to ``peer``; already enabled is fine. (CuPy

@@ -77,7 +77,8 @@ _TEARDOWN_HOST_BARRIER_S = 30.0
 
 
 class Group:
-    """See the module docstring. Fields: comm, rank, world, local_rank, device_id, peer_access."""
+    """See the module docstring. Fields: comm, rank, world, local_rank, device_id, peer_access,
+    same_device (per rank: shares this rank's GPU), mps (this rank's context is an MPS client)."""
 
     def __init__(self, comm, *, device: int | None = None, timeout_s: float | None = None, backend=None,
                  split=topology.node_split):
@@ -123,6 +124,9 @@ class Group:
         self.device_id = bound[self.rank][0]
         self.bus_ids = [b for _, b in bound]
         self.same_device = topology.peer_map(self.bus_ids, self.rank)
+        mps_probe = getattr(be, "mps_enabled", None)
+        with be.device_scope(self.device_id):
+            self.mps = bool(mps_probe(self.device_id)) if mps_probe is not None else False
 
         def peers():
             problems = []
@@ -173,6 +177,11 @@ class Group:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def shares_gpu_under_mps(self) -> bool:
+        """Other ranks of this group run on this rank's GPU as MPS clients (the emulated node)."""
+        return self.mps and sum(self.same_device) > 1
 
     @property
     def timeout_s(self) -> float:

@@ -211,6 +211,19 @@ def _check_options(direction: str, copy: str, b_layout: str) -> None:
         raise ValueError(f"copy must be 'ce' (copy engine) or 'sm' (copy kernel on a few SMs), not {copy!r}")
 
 
+def _check_copy_path(group, copy: str) -> None:
+    """'ce' needs copy engines that make progress while a GEMM spins: not so between MPS clients
+    on one GPU. Measured on the emulated node (tests/gpu/ag_diag.py, 2026-11-29): a rank's
+    queued copies stayed unstarted, barrier passed, while its own and its peers' GEMMs spun on
+    them, at world 2 (back-to-back calls), 4 and 8; the 'sm' path runs on SMs kept free for it."""
+    if copy == "ce" and getattr(group, "shares_gpu_under_mps", False):
+        raise ValueError(
+            "copy='ce' is not supported where ranks share one GPU under MPS (the emulated node): the copies "
+            "stall behind the spinning GEMMs (see rawflux.ops.ag_gemm._check_copy_path); use copy='sm', the "
+            "default there, or one GPU per rank"
+        )
+
+
 def _check_nk(n: int, k: int) -> None:
     if k < 8 or k % 8:
         raise ValueError(f"k = {k} must be a positive multiple of 8 (16-byte rows for the TMA loads and the copies)")
@@ -258,6 +271,7 @@ class AGGemm(CollectiveOp):
         direction = env.ag_direction() if direction is None else direction
         copy = default_copy(resolve_group(group), copy)
         _check_options(direction, copy, b_layout)
+        _check_copy_path(resolve_group(group), copy)
         dt = DType.from_any(dtype)
         if dt not in DTYPES:
             raise TypeError(f"ag_gemm dtype must be bf16 or f16, got {dt}")
@@ -553,6 +567,7 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     direction = env.ag_direction() if direction is None else direction
     copy = default_copy(g, copy)
     _check_options(direction, copy, b_layout)
+    _check_copy_path(g, copy)
     s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
     ta = as_tensor(a_shard, "a_shard", stream=s)
     tb = as_tensor(b, "b", stream=s)

@@ -613,3 +613,21 @@ def test_bad_copy_switch_is_rejected(monkeypatch):
     monkeypatch.setenv("RAWFLUX_AG_COPY", "dma")
     with pytest.raises(ValueError, match="RAWFLUX_AG_COPY must be 'ce' or 'sm'"):
         A.default_copy(_SameDeviceGroup([True]), None)
+
+
+@pytest.mark.parametrize("shares_under_mps,copy,raises", [
+    (True, "ce", True),    # ranks on one GPU under MPS: copies stall behind spinning GEMMs
+    (True, "sm", False),
+    (False, "ce", False),  # one GPU per rank, or a shared GPU without MPS (time-sliced)
+])
+def test_ce_refused_between_mps_clients(monkeypatch, shares_under_mps, copy, raises):
+    monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
+    group = FakeGroup(rank=0, world=2, device_id=0, timeout_s=5.0, closed=False, same_device=[True, shares_under_mps],
+                      shares_gpu_under_mps=shares_under_mps)
+    if raises:
+        with pytest.raises(ValueError, match="copy='ce' is not supported where ranks share one GPU under MPS"):
+            A.AGGemm(group, 256, 64, 128, "bf16", copy=copy)
+        with pytest.raises(ValueError, match="copy='ce' is not supported"):
+            A.ag_gemm(_a(), _b(), group, copy=copy, stream=0)
+    else:
+        A._check_copy_path(group, copy)  # the rule lets it through (building the op needs a device)

@@ -148,6 +148,8 @@ class Ctx:
         self.seed = seed
         self.quick = quick
         self.ops = {}
+        # 'ce' is refused where ranks share a GPU under MPS (ag_gemm._check_copy_path)
+        self.modes = tuple(md for md in MODES if not (md[1] == "ce" and group.shares_gpu_under_mps))
 
     def next_seed(self) -> int:
         self.seed += 1
@@ -231,7 +233,7 @@ def check_accuracy(ctx: Ctx, layout="nk", m_loc=256, n=512, k=2048):
     cp = _cp()
     import rawflux
 
-    op = ctx.op("push", "ce", n, k, layout, ctx.world * m_loc)
+    op = ctx.op("push", ctx.modes[0][1], n, k, layout, ctx.world * m_loc)
     seed = ctx.next_seed()
     m = m_loc * ctx.world
     problems, notes = [], []
@@ -277,7 +279,7 @@ def check_gathered_nccl(ctx: Ctx, m_loc=200, n=128, k=512):
         nccl = ctx.group.nccl()
     except Exception as e:  # noqa: BLE001
         raise Skip(f"NCCL unavailable here: {str(e)[:120]}") from None
-    op = ctx.op("push", "ce", n, k, "nk", ctx.world * m_loc)
+    op = ctx.op("push", ctx.modes[0][1], n, k, "nk", ctx.world * m_loc)
     seed = ctx.next_seed()
     problems = []
     with ctx.stream:
@@ -301,7 +303,7 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
 
     cp = _cp()
     rng = np.random.default_rng(ctx.next_seed())  # same sequence on every rank
-    ops = [ctx.op(d, c, n, k, "nk", ctx.world * max_m_loc) for d, c in MODES]
+    ops = [ctx.op(d, c, n, k, "nk", ctx.world * max_m_loc) for d, c in ctx.modes]
     bad_out = cp.zeros(calls, dtype=cp.int32)
     bad_gath = cp.zeros(calls, dtype=cp.int32)
     out = cp.empty((ctx.world * max_m_loc, n), dtype=bf16_dtype())
@@ -310,7 +312,7 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
         b = weight(ctx.next_seed(), ctx.rank, n, k, "nk")
         t0 = time.perf_counter()
         for i in range(calls):
-            mode = int(rng.integers(len(MODES)))
+            mode = int(rng.integers(len(ctx.modes)))
             m_loc = int(rng.integers(1, max_m_loc + 1))
             seed = ctx.next_seed()
             m = m_loc * ctx.world
@@ -331,10 +333,11 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
     detail = ""
     if bad:
         i = bad[0]
-        d, c = MODES[modes_used[i]]
+        d, c = ctx.modes[modes_used[i]]
         detail = (f"{len(bad)} bad calls; first: call {i} ({d}/{c}, m/W={m_used[i]}): {bo[i]} out elements, "
                   f"{bg[i]} gathered elements differ")
-    return not bad, detail or f"{calls} calls over {len(MODES)} paths, m/W 1..{max_m_loc}, all checked, {dt:.1f} s"
+    paths = ", ".join(f"{d}/{c}" for d, c in ctx.modes)
+    return not bad, detail or f"{calls} calls over {len(ctx.modes)} paths ({paths}), m/W 1..{max_m_loc}, all checked, {dt:.1f} s"
 
 
 def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512):
@@ -391,6 +394,26 @@ def _time_ms(stream, fn, iters=20, reps=7):
     return statistics.median(samples)
 
 
+def check_ce_refused(ctx: Ctx):
+    """Ranks share a GPU under MPS: copy='ce' is refused, before any launch, by the op object and
+    the functional form alike; the default path there is 'sm'."""
+    import rawflux
+    from rawflux.ops.ag_gemm import default_copy
+
+    msgs = []
+    for make in (lambda: rawflux.AGGemm(ctx.group, 64 * ctx.world, 128, 256, "bf16", copy="ce"),
+                 lambda: rawflux.ag_gemm(shard(1, ctx.rank, 64, 256), weight(1, ctx.rank, 128, 256, "nk"), ctx.group, copy="ce")):
+        try:
+            make()
+        except ValueError as e:
+            msgs.append(str(e))
+        else:
+            return False, "copy='ce' was accepted on a GPU shared under MPS"
+    if default_copy(ctx.group) != "sm":
+        return False, f"the default copy path here is {default_copy(ctx.group)!r}, not 'sm'"
+    return all("copy='ce' is not supported" in m for m in msgs), msgs[0][:90] + "..."
+
+
 def check_timing(ctx: Ctx):
     """World 1: ag_gemm <= 1.02x rawflux.gemm at m >= 1024 (the bar; the paper's TP=8 shard
     (n, k) = (6144, 12288)). World > 1: the fused time next to the GEMM alone on the gathered A
@@ -404,7 +427,7 @@ def check_timing(ctx: Ctx):
     for m_loc in ms_loc:
         seed = ctx.next_seed()
         m = m_loc * ctx.world
-        op = ctx.op("push", "ce", n, k, "nk", m)
+        op = ctx.op("push", ctx.modes[0][1], n, k, "nk", m)
         with s:
             a = shard(seed, ctx.rank, m_loc, k)
             b = weight(seed, ctx.rank, n, k, "nk")
@@ -426,7 +449,7 @@ def check_timing(ctx: Ctx):
         t_gemm = max(ctx.comm.allgather(t_gemm))
         ratio = t_fused / t_gemm
         tflops = 2.0 * m * n * k / (t_fused * 1e-3) / 1e12
-        notes.append(f"m={m}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}")
+        notes.append(f"push/{ctx.modes[0][1]} m={m}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}")
         if ctx.world == 1 and ratio > 1.02:
             problems.append(f"m={m}: ag_gemm {ratio:.3f}x rawflux.gemm > 1.02x")
     return not problems, "; ".join(problems + notes)
@@ -555,7 +578,9 @@ def checks(ctx: Ctx):
     after a check breaks the group, the next ones run on a fresh group's context."""
     quick = ctx.quick
     out = []
-    for d, c in (MODES if ctx.world > 1 else MODES[:1]):
+    if ctx.world > 1 and len(ctx.modes) < len(MODES):
+        out.append(("ce_refused", check_ce_refused))
+    for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
         tag = f"{d}/{c}"
         out.append((f"bitwise[{tag},nk]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (256, 64, 128))))
         out.append((f"bitwise[{tag},kn,bias]", lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (192,), with_bias=True)))
@@ -564,7 +589,7 @@ def checks(ctx: Ctx):
     if ctx.world > 1:
         out.append(("gathered_nccl", check_gathered_nccl))
     out.append(("random_calls", lambda x: check_random_calls(x, 200 if quick else 1000)))
-    for d, c in (MODES if ctx.world > 1 else MODES[:1]):
+    for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
         out.append((f"graph[{d}/{c}]", lambda x, d=d, c=c: check_graph(x, d, c, 20 if quick else 100)))
     out.append(("timing", check_timing))
     return out
@@ -623,7 +648,8 @@ def worker(args) -> int:
     group.close()
     sub.Free()
     if world > 1 and not args.only:
-        for d, c in (("push", "ce"), ("pull", "sm")):
+        fail_paths = (("push", "ce"), ("pull", "sm")) if ("push", "ce") in ctx.modes else (("push", "sm"), ("pull", "sm"))
+        for d, c in fail_paths:
             for name, fn in ((f"mismatch_m[{d}/{c}]", check_mismatch_m), (f"skip[{d}/{c}]", check_skip)):
                 t0 = time.perf_counter()
                 try:

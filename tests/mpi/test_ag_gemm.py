@@ -40,6 +40,11 @@ def ctx():
     g.close()
 
 
+def _path(ctx, direction, copy):
+    if (direction, copy) not in ctx.modes:
+        pytest.skip(f"{direction}/{copy}: copy='ce' is refused where ranks share a GPU under MPS (test_ce_refused)")
+
+
 def _ok(ctx, res):
     from tests.gpu.ag_gemm_checks import agree
 
@@ -53,8 +58,17 @@ def _ok(ctx, res):
 def test_bitwise(ctx, direction, copy):
     from tests.gpu.ag_gemm_checks import ODD_M_LOCAL, check_bitwise
 
+    _path(ctx, direction, copy)
     _ok(ctx, check_bitwise(ctx, direction, copy, "nk", (256, 64) + ODD_M_LOCAL))
     _ok(ctx, check_bitwise(ctx, direction, copy, "kn", (192,), with_bias=True))
+
+
+def test_ce_refused(ctx):
+    from tests.gpu.ag_gemm_checks import check_ce_refused
+
+    if not ctx.group.shares_gpu_under_mps:
+        pytest.skip("ranks are not sharing a GPU under MPS here: 'ce' is allowed")
+    _ok(ctx, check_ce_refused(ctx))
 
 
 def test_accuracy(ctx):
@@ -73,6 +87,7 @@ def test_random_calls(ctx):
 def test_graph_replay(ctx, direction, copy):
     from tests.gpu.ag_gemm_checks import check_graph
 
+    _path(ctx, direction, copy)
     _ok(ctx, check_graph(ctx, direction, copy, replays=20))
 
 
@@ -100,6 +115,7 @@ def test_functional_form_grows(ctx):
 def test_mismatched_m_raises(ctx, direction, copy):
     from tests.gpu.ag_gemm_checks import check_mismatch_m
 
+    _path(ctx, direction, copy)
     _ok(ctx, check_mismatch_m(ctx.comm, direction, copy, 2.0))
 
 
@@ -107,4 +123,5 @@ def test_mismatched_m_raises(ctx, direction, copy):
 def test_skipped_call_raises(ctx, direction, copy):
     from tests.gpu.ag_gemm_checks import check_skip
 
+    _path(ctx, direction, copy)
     _ok(ctx, check_skip(ctx.comm, direction, copy, 2.0))
