@@ -26,7 +26,9 @@ order, tests/cpu simulate it across ranks):
   copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM); the flag is
       a 4-byte copy of the device-resident epoch word (so CUDA-graph replays stay right).
   copy path "sm": one copy kernel of R CTAs (RAWFLUX_AG_COPY_SMS, default min(16, SMs/4)) does
-      the same chunk loop; the GEMM runs on SMs - R CTAs so both are resident (hazard 1).
+      the same chunk loop; the GEMM runs on SMs - R CTAs so both are resident (hazard 1), and the
+      CTAs claim parts of the chunks from a counter, so any one resident CTA finishes the copy
+      (where other processes share the GPU, some copy CTAs may not be scheduled until the GEMM ends).
 World 1: no communication; the call is rawflux.gemm on a_shard.
 
 The gathered A: ``return_gathered=True`` returns (out, gathered). Without ``gathered_out`` it is a
@@ -317,7 +319,7 @@ class AGGemm(CollectiveOp):
             import cupy
 
             with self._device():
-                self._counters = cupy.zeros(MAX_WORLD, dtype=cupy.uint32)  # ag_copy_kernel's, zero between launches
+                self._counters = cupy.zeros(MAX_WORLD + 1, dtype=cupy.uint32)  # ag_copy_kernel's claim/part/exit counters, zero between launches
                 # The zeroing ran on CuPy's current stream; the copy kernel runs on a side stream
                 # that does not order with it: settle it now (construction is not capturable anyway).
                 cupy.cuda.Device(self.device_id).synchronize()

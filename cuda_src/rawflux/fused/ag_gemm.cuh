@@ -164,17 +164,25 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const MetaFields& f) {
 }
 
 // ------------------------------------------------------------------------------------------
-// SM copy path (after the call's last barrier; never waits on anything, so the GEMM may wait on
-// it as long as both are resident: the host gives the GEMM SMs - gridDim.x CTAs)
+// SM copy path (after the call's last barrier; never waits on anything)
+//
+// The GEMM spins on the flags this kernel sets, so the copy must finish with whatever CTAs are
+// resident: the host gives the GEMM SMs - gridDim.x CTAs, but a GPU shared with other processes
+// (MPS) can still leave some copy CTAs unscheduled until the GEMM ends (seen on the emulated node,
+// 2026-11-29). So no CTA owns a fixed share: each chunk is cut into kPartsPerCta * gridDim.x
+// parts, CTAs claim parts in chunk order from one counter, and whoever finishes a chunk's last
+// part sets its flag. One resident CTA completes the call; a late CTA finds nothing left.
 
 enum : int { kAgPush = 0, kAgPull = 1 };
+enum : int { kPartsPerCta = 4 };  // parts per chunk = kPartsPerCta x CTAs: claims balance the load
 
 struct AgCopyArgs {
   u64 group_ctrl;   // const GroupCtrl*
   u64 src;          // push: this rank's shard; pull: unused
   u64 gath_peers;   // u64[world]: every rank's gathered buffer as mapped here
   u64 ready_peers;  // u64[world]: every rank's ready flags as mapped here
-  u64 counters;     // u32[kMaxWorld] local arrival counters (zero between launches)
+  u64 counters;     // u32[kMaxWorld + 1], zero between launches: [0] next part to claim,
+                    // [step] parts of step's chunk done, [kMaxWorld] CTAs done claiming
   i64 src_pitch;    // push: bytes between rows of src
   i32 m_local;
   i32 row_vecs;
@@ -188,48 +196,57 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
   const u64* gath = reinterpret_cast<const u64*>(a.gath_peers);
   const u64* ready = reinterpret_cast<const u64*>(a.ready_peers);
   u32* counters = reinterpret_cast<u32*>(a.counters);
+  u32* next_part = counters;
+  u32* exits = counters + kMaxWorld;
   const i64 chunk_bytes = (i64)a.m_local * a.row_vecs * 16;
+  const i32 parts = kPartsPerCta * (i32)gridDim.x;
+  const i32 total = (world - 1) * parts;
   __shared__ u32 s_epoch;
+  __shared__ i32 s_claim;
   if (threadIdx.x == 0) s_epoch = *epoch_word(g);  // this call's epoch (barrier earlier in stream order)
-  __syncthreads();
-  const u32 epoch = s_epoch;
-  for (i32 step = 1; step < world; ++step) {
-    u8* dst;
-    const u8* src;
-    i64 src_pitch;
+  for (;;) {
+    if (threadIdx.x == 0) s_claim = (i32)atomicAdd(next_part, 1u);
+    __syncthreads();
+    const i32 claim = s_claim;
+    const u32 epoch = s_epoch;
+    __syncthreads();  // every thread has read s_claim before thread 0 claims again
+    if (claim >= total) break;
+    const i32 step = 1 + claim / parts, part = claim % parts;
     u32* flag;
     if (a.mode == kAgPush) {
       // Step s writes to rank - s: a permutation of the ranks, so no two ranks write one peer at
       // once, and every rank receives chunk rank + 1 first (the GEMM visits rank, rank + 1, ...).
       const i32 q = (rank - step + world) % world;
-      dst = reinterpret_cast<u8*>(gath[q]) + (i64)rank * chunk_bytes;
-      src = reinterpret_cast<const u8*>(a.src);
-      src_pitch = a.src_pitch;
+      u8* dst = reinterpret_cast<u8*>(gath[q]) + (i64)rank * chunk_bytes;
       flag = reinterpret_cast<u32*>(ready[q]) + rank;
-      ag::copy_rows<true>(dst, src, src_pitch, a.m_local, a.row_vecs, blockIdx.x, gridDim.x);
+      ag::copy_rows<true>(dst, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs, part, parts);
     } else {
       // Step s reads from rank + s (a permutation too): chunk rank + 1 lands first.
       const i32 q = (rank + step) % world;
-      dst = reinterpret_cast<u8*>(gath[rank]) + (i64)q * chunk_bytes;
-      src = reinterpret_cast<const u8*>(gath[q]) + (i64)q * chunk_bytes;
-      src_pitch = (i64)a.row_vecs * 16;
+      u8* dst = reinterpret_cast<u8*>(gath[rank]) + (i64)q * chunk_bytes;
+      const u8* src = reinterpret_cast<const u8*>(gath[q]) + (i64)q * chunk_bytes;
       flag = reinterpret_cast<u32*>(ready[rank]) + q;
-      ag::copy_rows<false>(dst, src, src_pitch, a.m_local, a.row_vecs, blockIdx.x, gridDim.x);
+      ag::copy_rows<false>(dst, src, (i64)a.row_vecs * 16, a.m_local, a.row_vecs, part, parts);
     }
-    __syncthreads();  // joins the CTA: every thread's stores of this chunk precede thread 0's fence
+    __syncthreads();  // joins the CTA: every thread's stores of this part precede thread 0's fence
     if (threadIdx.x == 0) {
-      // fence (sys) + count = release: this CTA's part of the chunk is visible (to the peer that
-      // will read it) before the arrival is counted
+      // fence (sys) + count = release: this part of the chunk is visible (to the peer that will
+      // read it) before it is counted
       fence_acq_rel_sys();
-      const u32 old = atomicAdd(counters + step, 1u);
-      if (old == gridDim.x - 1) {
-        counters[step] = 0;  // every CTA has arrived for this step: ready for the next launch
+      const u32 done = atomicAdd(counters + step, 1u);
+      if (done == (u32)parts - 1) {
+        counters[step] = 0;  // every part of this chunk is counted: zero for the next launch
         // fence (sys) = acquire of the other CTAs' counted parts before the flag is released
         fence_acq_rel_sys();
         // release (sys): the whole chunk is visible before the reader's acquire of the flag
         st_release_sys_u32(flag, epoch);
       }
     }
+  }
+  if (threadIdx.x == 0 && atomicAdd(exits, 1u) == gridDim.x - 1) {
+    // the last CTA out: nobody claims any more in this launch, zero both for the next one
+    *next_part = 0;
+    *exits = 0;
   }
 }
 
