@@ -26,9 +26,10 @@ order, tests/cpu simulate it across ranks):
   copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM); the flag is
       a 4-byte copy of the device-resident epoch word (so CUDA-graph replays stay right).
   copy path "sm": one copy kernel of R CTAs (RAWFLUX_AG_COPY_SMS, default min(16, SMs/4)) does
-      the same chunk loop; the GEMM runs on SMs - R CTAs so both are resident (hazard 1), and the
-      CTAs claim parts of the chunks from a counter, so any one resident CTA finishes the copy
-      (where other processes share the GPU, some copy CTAs may not be scheduled until the GEMM ends).
+      the same chunk loop, on the caller's stream; the GEMM, on SMs - R CTAs, follows it as its
+      programmatic dependent (PDL), so it starts only once every copy CTA is resident (hazard 1:
+      a copy kernel on a side stream was seen to get no SM while the GEMMs spun, under MPS); the
+      call-record check follows the GEMM. No side streams.
 World 1: no communication; the call is rawflux.gemm on a_shard.
 
 The gathered A: ``return_gathered=True`` returns (out, gathered). Without ``gathered_out`` it is a
@@ -132,10 +133,11 @@ class Step:
                 rank's input; or rank ``src_rank``'s gathered buffer) into rank ``dst_rank``'s
                 gathered buffer (same chunk rows)
       flag      copy engine, on ``side``: rank ``dst_rank``'s ready[``chunk``] = this call's epoch
-      gemm      the GEMM with the wait prologue (main stream)
-      sm_copy   the copy kernel on side stream 0 (it runs the same loop on SMs)
-      check     call-record check on side stream 0
-      join      the main stream waits for every side stream
+      gemm      the GEMM with the wait prologue (main stream); on the "sm" path launched as the
+                copy kernel's programmatic dependent (it starts once every copy CTA runs)
+      sm_copy   the copy kernel, on the main stream (it runs the same loop on SMs)
+      check     call-record check: on side stream 0 ("ce"), after the GEMM on the main stream ("sm")
+      join      the main stream waits for every side stream ("ce" only)
     """
 
     kind: str
@@ -158,6 +160,10 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
     # Producers are queued before the GEMM that waits on them. Streams may share one hardware
     # queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it, or few connections under MPS):
     # a spinning GEMM queued first would then hold back the copies it waits for, forever.
+    if copy == "sm":
+        # One stream: the GEMM is the copy kernel's programmatic dependent, so it starts only
+        # once every copy CTA is resident (a side stream's kernel may get no SM while GEMMs spin).
+        return steps + [Step("sm_copy"), Step("gemm"), Step("check")]
     steps += [Step("fork")]
     if copy == "ce":
         if direction == "push":
@@ -170,8 +176,6 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
                 side = i % sides
                 steps.append(Step("copy", side, "gathered", q, rank, q))
                 steps.append(Step("flag", side, dst_rank=rank, chunk=q))
-    else:
-        steps.append(Step("sm_copy", 0))
     steps += [Step("gemm"), Step("check", 0), Step("join")]
     return steps
 
@@ -456,11 +460,11 @@ class AGGemm(CollectiveOp):
                 runtime.memcpyAsync(ready.peer_ptrs[st.dst_rank] + 4 * st.chunk, self.epoch_ptr, 4, runtime.memcpyDefault,
                                     sides[st.side])
             elif kind == "sm_copy":
-                self._launch_copy(sides[0], ta.ptr, src_pitch, m_loc)
+                self._launch_copy(s, ta.ptr, src_pitch, m_loc)
             elif kind == "gemm":
-                self._launch_gemm(s, gemm)
+                self._launch_gemm(s, gemm, pdl=self.copy == "sm")
             elif kind == "check":
-                self.check_meta(sides[0])
+                self.check_meta(sides[0] if sides else s)
             elif kind == "join":
                 self.join(s)
             else:  # pragma: no cover - schedule() only makes the kinds above
@@ -476,11 +480,11 @@ class AGGemm(CollectiveOp):
         # G._launch: the engine's lean path (launch config cached, one argument block per thread)
         G._launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, meta))
 
-    def _launch_copy(self, side: int, src: int, src_pitch: int, m_loc: int) -> None:
+    def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int) -> None:
         args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._ready.peer_table_ptr,
                                  int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16,
                                  DIRECTIONS[self.direction], 0)
-        G._launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, side, (args,))
+        G._launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
 
     def _prepare_gemm(self, s: int, cfg: G.GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
@@ -508,9 +512,12 @@ class AGGemm(CollectiveOp):
             tmap_b = G.tensor_map(tb.ptr, dt, k, n, ldb, plan.box_b[0], plan.box_b[1])
         return plan, (tmap_a, tmap_b, params, pro, epi)
 
-    def _launch_gemm(self, s: int, prepared) -> None:
+    def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:
         plan, args = prepared
-        G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args)
+        if pdl:
+            G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args, pdl=True)
+        else:
+            G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args)
 
     def gathered(self, m: int):
         """A CuPy view (m, k) of this rank's gathered buffer (valid until the next call)."""

@@ -167,10 +167,13 @@ _args = _ArgBlock()
 _launch_cfgs: dict[tuple, object] = {}
 
 
-def _launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int, args: tuple[bytes, ...]) -> None:
+def _launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int, args: tuple[bytes, ...],
+            pdl: bool = False) -> None:
+    """``pdl``: launch as the programmatic dependent of the previous kernel in ``stream`` (it may
+    start once every CTA of that kernel has run griddepcontrol.launch_dependents)."""
     from cuda.bindings import driver as drv
 
-    key = (kernel.handle, grid, threads, cluster, smem, stream)
+    key = (kernel.handle, grid, threads, cluster, smem, stream, pdl)
     cfg = _launch_cfgs.get(key)
     if cfg is None:
         kernel.set_max_dynamic_smem(smem)
@@ -184,6 +187,11 @@ def _launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: in
             at = drv.CUlaunchAttribute()
             at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
+            attrs.append(at)
+        if pdl:
+            at = drv.CUlaunchAttribute()
+            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            at.value.programmaticStreamSerializationAllowed = 1
             attrs.append(at)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)

@@ -73,7 +73,10 @@ def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
             if st.kind == "local":
                 gath[r][r * m_local:(r + 1) * m_local] = shards[r]
         after = steps[last_barrier + 1:]
-        assert after[0].kind == "fork" and after[-1].kind == "join" and after[-2].kind == "check"
+        if copy == "ce":
+            assert after[0].kind == "fork" and after[-1].kind == "join" and after[-2].kind == "check"
+        else:  # one stream: copy kernel, then the GEMM as its programmatic dependent, then the check
+            assert [st.kind for st in after] == ["sm_copy", "gemm", "check"]
         work = [s for s in after if s.kind in ("copy", "flag", "sm_copy")]
         if any(s.kind == "sm_copy" for s in work):
             work = A.sm_copy_steps(direction, r, world)
@@ -138,7 +141,10 @@ def test_every_producer_is_queued_before_the_gemm_that_waits(direction, copy):
     kinds = [s.kind for s in A.schedule(direction, copy, 1, 4)]
     producers = [i for i, k in enumerate(kinds) if k in ("copy", "flag", "sm_copy", "local")]
     assert producers and max(producers) < kinds.index("gemm")
-    assert kinds.index("fork") < kinds.index("gemm") < kinds.index("join")
+    if copy == "ce":
+        assert kinds.index("fork") < kinds.index("gemm") < kinds.index("join")
+    else:  # the GEMM directly follows the copy kernel on one stream (its programmatic dependent)
+        assert kinds.index("sm_copy") == kinds.index("gemm") - 1 and "fork" not in kinds and "join" not in kinds
 
 
 def test_schedule_rejects_unknown_modes():
@@ -498,8 +504,8 @@ def fake_cuda(monkeypatch):
     plans = []
     monkeypatch.setattr(G, "_plan", lambda *a: plans.append(a) or plan)
     monkeypatch.setattr(G, "tensor_map", lambda ptr, *a: ("tmap", ptr) + a)
-    monkeypatch.setattr(G, "_launch", lambda kern, grid, threads, cluster, smem, s, args: log.append(
-        ("launch", kern.name.split("::")[-1], s, grid, args)))
+    monkeypatch.setattr(G, "_launch", lambda kern, grid, threads, cluster, smem, s, args, pdl=False: log.append(
+        ("launch", kern.name.split("::")[-1], s, grid, args) + (("pdl",) if pdl else ())))
     yield log, plans
 
 
@@ -563,18 +569,25 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         # each flag follows its data copy on the same side stream
         for d, f in zip(data, flags):
             assert log.index(d) < log.index(f) and d[4] == f[4]
+        assert g[5:] == ()  # an ordinary launch: the copies run on side streams
     else:
         cp_ = next(e for e in log if e[0] == "launch" and e[1] == "ag_copy_kernel")
-        assert cp_[2] == sides[0] and cp_[3] == op.copy_sms
+        assert cp_[2] == main and cp_[3] == op.copy_sms
         ca = A.AG_COPY_ARGS.unpack(cp_[4][0])
         assert ca[2] == gath.peer_table_ptr and ca[3] == ready.peer_table_ptr and ca[8] == A.DIRECTIONS[direction]
         assert op.last_config.ctas == 132 - op.copy_sms
+        # the GEMM comes right after the copy kernel, as its programmatic dependent
+        assert kinds.index("gemm_kernel") == kinds.index("ag_copy_kernel") + 1 and g[5:] == ("pdl",)
     check = next(e for e in log if e[0] == "kernel" and e[1] == "meta_check_kernel")
-    assert check[2] == sides[0]
-    # fork after the last barrier, join (main waits for every side) at the end
-    waits = [e for e in log if e[0] == "wait"]
-    assert waits[-1][1] == main and {w[1] for w in waits[:len(sides)]} == set(sides)
-    assert log[-1][0] == "wait" and log[-1][1] == main
+    if copy == "ce":
+        assert check[2] == sides[0]
+        # fork after the last barrier, join (main waits for every side) at the end
+        waits = [e for e in log if e[0] == "wait"]
+        assert waits[-1][1] == main and {w[1] for w in waits[:len(sides)]} == set(sides)
+        assert log[-1][0] == "wait" and log[-1][1] == main
+    else:  # no side streams: the check follows the GEMM on the main stream
+        assert check[2] == main and kinds.index("meta_check_kernel") > kinds.index("gemm_kernel")
+        assert not any(e[0] in ("wait", "record") for e in log[barriers[-1]:])
 
 
 def test_a_call_at_capacity_and_gathered_copy(fake_cuda):

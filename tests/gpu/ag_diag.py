@@ -57,9 +57,11 @@ def memcpy2d(dst, dpitch, src, spitch, width, height, kind, stream):
     _mark(f"memcpy2D {width}x{height} on stream {stream:#x}", stream)
 
 
-def launch(kernel, grid, threads, cluster, smem, stream, a_):
-    orig_launch(kernel, grid, threads, cluster, smem, stream, a_)
-    _mark(f"kernel {kernel.symbol[:40]} grid {grid} on stream {stream:#x}", stream)
+def launch(kernel, grid, threads, cluster, smem, stream, a_, **kw):
+    orig_launch(kernel, grid, threads, cluster, smem, stream, a_, **kw)
+    if "ag_copy_kernel" in kernel.symbol:
+        return  # no event between the copy kernel and the GEMM, its programmatic dependent
+    _mark(f"kernel {kernel.symbol[:40]} grid {grid} on stream {stream:#x}{' (PDL)' if kw.get('pdl') else ''}", stream)
 
 
 cp.cuda.runtime.memcpyAsync, cp.cuda.runtime.memcpy2DAsync, G._launch = memcpy, memcpy2d, launch

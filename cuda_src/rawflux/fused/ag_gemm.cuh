@@ -166,12 +166,13 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const MetaFields& f) {
 // ------------------------------------------------------------------------------------------
 // SM copy path (after the call's last barrier; never waits on anything)
 //
-// The GEMM spins on the flags this kernel sets, so the copy must finish with whatever CTAs are
-// resident: the host gives the GEMM SMs - gridDim.x CTAs, but a GPU shared with other processes
-// (MPS) can still leave some copy CTAs unscheduled until the GEMM ends (seen on the emulated node,
-// 2026-11-29). So no CTA owns a fixed share: each chunk is cut into kPartsPerCta * gridDim.x
-// parts, CTAs claim parts in chunk order from one counter, and whoever finishes a chunk's last
-// part sets its flag. One resident CTA completes the call; a late CTA finds nothing left.
+// The GEMM spins on the flags this kernel sets, so the copy CTAs must be resident before the GEMM
+// can take the SMs. Both go on one stream, the GEMM launched as this kernel's programmatic
+// dependent: it starts only once every copy CTA is running (griddep_launch_dependents below).
+// Leaving SMs free was not enough where processes share a GPU (MPS, the emulated node,
+// 2026-11-29): a copy kernel on a side stream got no SM at all while the GEMMs spun. Also, no CTA
+// owns a fixed share: each chunk is cut into kPartsPerCta * gridDim.x parts, CTAs claim parts in
+// chunk order from one counter, and whoever finishes a chunk's last part sets its flag.
 
 enum : int { kAgPush = 0, kAgPull = 1 };
 enum : int { kPartsPerCta = 4 };  // parts per chunk = kPartsPerCta x CTAs: claims balance the load
@@ -203,6 +204,8 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
   const i32 total = (world - 1) * parts;
   __shared__ u32 s_epoch;
   __shared__ i32 s_claim;
+  // this CTA is resident: once all are, the GEMM (this kernel's programmatic dependent) may start
+  griddep_launch_dependents();
   if (threadIdx.x == 0) s_epoch = *epoch_word(g);  // this call's epoch (barrier earlier in stream order)
   for (;;) {
     if (threadIdx.x == 0) s_claim = (i32)atomicAdd(next_part, 1u);

@@ -115,6 +115,11 @@ RAWFLUX_DEVICE u32 atom_cas_relaxed_sys_u32(u32* p, u32 expected, u32 desired) {
 // store" is a release; "relaxed flag load; fence; data loads" is an acquire.
 RAWFLUX_DEVICE void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// Programmatic dependent launch: lets the next kernel in the stream, launched with the
+// programmatic-stream-serialization attribute, start once every CTA of this grid has issued this
+// (or exited). It orders no memory: the dependent synchronises through flags of its own.
+RAWFLUX_DEVICE void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Sequentially consistent fence at system scope (heavier; only where store->load order matters).
 RAWFLUX_DEVICE void fence_sc_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
 
