@@ -37,8 +37,11 @@ for stage in "$@"; do
         timeout 300 python3 -m rawflux.launch --emulate $n -m pytest -q --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
       done ;;
     bench)
-      log rawflux.bench emulated ${BENCH_WORLD:-4}
-      timeout 400 python3 -m rawflux.launch --emulate ${BENCH_WORLD:-4} -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1 ;;
+      # BENCH_WORLD: one or more world sizes ("2 4 8"), each on the emulated node
+      for w in ${BENCH_WORLD:-4}; do
+        log rawflux.bench emulated $w
+        timeout 400 python3 -m rawflux.launch --emulate $w -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1
+      done ;;
     gemmbench)
       log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
     sanitize)
