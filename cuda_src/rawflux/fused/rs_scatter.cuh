@@ -65,39 +65,6 @@ RAWFLUX_DEVICE void store_rows_f32(u64 row_a, u64 row_b, const float (&acc)[kReg
   }
 }
 
-// 16-bit fragment rows -> one n8 block (16 bytes) per lane, as epi::store_fragment does.
-template <bool kF16, int kRegs>
-RAWFLUX_DEVICE void store_rows_16(u64 row_a, u64 row_b, const float (&acc)[kRegs], i32 col0, i32 n, u32 tid) {
-  const u32 q = tid % 4;
-  constexpr int kBlocks = kRegs / 4;
-  constexpr int kQuads = kBlocks / 4;
-#pragma unroll
-  for (int g = 0; g < kQuads; ++g) {
-    u32 va[4], vb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = 4 * (4 * g + i);
-      va[i] = ptx::pack2<kF16>(acc[r + 0], acc[r + 1]);
-      vb[i] = ptx::pack2<kF16>(acc[r + 2], acc[r + 3]);
-    }
-    epi::quad_transpose(va, q);
-    epi::quad_transpose(vb, q);
-    const i32 col = col0 + 8 * (4 * g + (i32)q);
-    if (col < n) {
-      if (row_a) epi::st_v4(reinterpret_cast<void*>(row_a + 2ull * (u64)col), va[0], va[1], va[2], va[3]);
-      if (row_b) epi::st_v4(reinterpret_cast<void*>(row_b + 2ull * (u64)col), vb[0], vb[1], vb[2], vb[3]);
-    }
-  }
-#pragma unroll
-  for (int j = kQuads * 4; j < kBlocks; ++j) {  // leftover n8 blocks (kWN % 32 == 16)
-    const i32 col = col0 + 8 * j + 2 * (i32)q;
-    if (col < n) {
-      if (row_a) epi::st_u32(reinterpret_cast<void*>(row_a + 2ull * (u64)col), ptx::pack2<kF16>(acc[4 * j + 0], acc[4 * j + 1]));
-      if (row_b) epi::st_u32(reinterpret_cast<void*>(row_b + 2ull * (u64)col), ptx::pack2<kF16>(acc[4 * j + 2], acc[4 * j + 3]));
-    }
-  }
-}
-
 }  // namespace rs
 
 // Epilogue policy. kPart: kRsPartF32 (default: the partial is rounded only once, in the reduce)
@@ -126,7 +93,8 @@ struct ScatterStore {
     if constexpr (kPart == kRsPartF32) {
       rs::store_rows_f32(row_a, row_b, acc, tc.col0, p.n, tc.tid);
     } else {
-      rs::store_rows_16<kPart == kRsPartF16>(row_a, row_b, acc, tc.col0, p.n, tc.tid);
+      epi::store_rows_16<kPart == kRsPartF16>(reinterpret_cast<u16*>(row_a), reinterpret_cast<u16*>(row_b), row_a != 0, row_b != 0, acc,
+                                               tc.col0, p.n, tc.tid % 4);
     }
   }
 

@@ -81,6 +81,40 @@ RAWFLUX_DEVICE void quad_transpose(u32 (&v)[4], u32 q) {
   }
 }
 
+// 16-bit output of a fragment's two rows (pa: row a, pb: row a + 8; ok_a / ok_b false skips it), one
+// whole n8 block (16 bytes) per lane after the quad transpose; columns >= n skipped (n % 8 == 0).
+// Shared by store_fragment and GEMM-ReduceScatter's 16-bit partials. Every lane calls it (shuffles).
+template <bool kF16, int kRegs>
+RAWFLUX_DEVICE void store_rows_16(u16* pa, u16* pb, bool ok_a, bool ok_b, const float (&acc)[kRegs], i32 col0, i32 n, u32 q) {
+  constexpr int kBlocks = kRegs / 4;  // n8 blocks
+  constexpr int kQuads = kBlocks / 4;
+#pragma unroll
+  for (int g = 0; g < kQuads; ++g) {
+    u32 va[4], vb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 4 * (4 * g + i);
+      va[i] = ptx::pack2<kF16>(acc[r + 0], acc[r + 1]);
+      vb[i] = ptx::pack2<kF16>(acc[r + 2], acc[r + 3]);
+    }
+    quad_transpose(va, q);
+    quad_transpose(vb, q);
+    const i32 col = col0 + 8 * (4 * g + (i32)q);
+    if (col < n) {
+      if (ok_a) st_v4(pa + col, va[0], va[1], va[2], va[3]);
+      if (ok_b) st_v4(pb + col, vb[0], vb[1], vb[2], vb[3]);
+    }
+  }
+#pragma unroll
+  for (int j = kQuads * 4; j < kBlocks; ++j) {  // leftover n8 blocks (kWN % 32 == 16)
+    const i32 col = col0 + 8 * j + 2 * (i32)q;
+    if (col < n) {
+      if (ok_a) st_u32(pa + col, ptx::pack2<kF16>(acc[4 * j + 0], acc[4 * j + 1]));
+      if (ok_b) st_u32(pb + col, ptx::pack2<kF16>(acc[4 * j + 2], acc[4 * j + 3]));
+    }
+  }
+}
+
 // Stores a 64 x (kRegs*2) fragment at C[row0.., col0..] (row stride ldc elements), rows >= m and
 // columns >= n skipped (n is a multiple of 8, so a 16-byte chunk is all in or all out).
 // kOut: kTypeBF16 / kTypeF16 / kTypeF32. Every lane of the warp must call it (shuffles).
@@ -102,36 +136,9 @@ RAWFLUX_DEVICE void store_fragment(void* c, i64 ldc, const float (&acc)[kRegs], 
       }
     }
   } else {
-    constexpr bool kF16 = kOut == kTypeF16;
     u16* pa = static_cast<u16*>(c) + (i64)ra * ldc;
     u16* pb = static_cast<u16*>(c) + (i64)rb * ldc;
-    constexpr int kBlocks = kRegs / 4;  // n8 blocks
-    constexpr int kQuads = kBlocks / 4;
-#pragma unroll
-    for (int g = 0; g < kQuads; ++g) {
-      u32 va[4], vb[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = 4 * (4 * g + i);
-        va[i] = ptx::pack2<kF16>(acc[r + 0], acc[r + 1]);
-        vb[i] = ptx::pack2<kF16>(acc[r + 2], acc[r + 3]);
-      }
-      quad_transpose(va, q);
-      quad_transpose(vb, q);
-      const i32 col = col0 + 8 * (4 * g + (i32)q);
-      if (col < n) {
-        if (ok_a) st_v4(pa + col, va[0], va[1], va[2], va[3]);
-        if (ok_b) st_v4(pb + col, vb[0], vb[1], vb[2], vb[3]);
-      }
-    }
-#pragma unroll
-    for (int j = kQuads * 4; j < kBlocks; ++j) {  // leftover n8 blocks (kWN % 32 == 16)
-      const i32 col = col0 + 8 * j + 2 * (i32)q;
-      if (col < n) {
-        if (ok_a) st_u32(pa + col, ptx::pack2<kF16>(acc[4 * j + 0], acc[4 * j + 1]));
-        if (ok_b) st_u32(pb + col, ptx::pack2<kF16>(acc[4 * j + 2], acc[4 * j + 3]));
-      }
-    }
+    store_rows_16<kOut == kTypeF16>(pa, pb, ok_a, ok_b, acc, col0, n, q);
   }
 }
 
