@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tune", action="store_true", help="also run the measured tuner per shape and time its pick")
     ap.add_argument("--sweep", action="store_true", help="time every compiled tile shape (and split-K options) per shape")
+    ap.add_argument("--tiles", default="", help="tile tags (e.g. 128x320x64s4c2x1w2) also timed at every point, split-K off, "
+                    "raster as the heuristic picks it; rows 'rawflux[<tile>]'")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile 2000 small rawflux.gemm calls")
@@ -118,6 +120,7 @@ def main(argv=None) -> int:
     info = tune.device_info(dev)
     print(f"{gpu}, driver {driver}, {info.sms} SMs, commit {commit}, tune mode {env.tune_mode()}", flush=True)
 
+    extra_tiles = [tune.parse_tag(t + "/k1/g8m/p0").tile for t in args.tiles.split(",") if t]
     shapes = SHAPES_NK if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     ms = [int(x) for x in args.ms.split(",")]
     rows, sweep_rows = [], []
@@ -207,6 +210,12 @@ def main(argv=None) -> int:
                 ]
                 if best is not None:
                     fns.append(lambda i: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=best))
+                extra = []
+                for tt in extra_tiles:
+                    tm, tn = -(-m // tt.bm), -(-n // tt.bn)
+                    extra.append(tune.GemmConfig(tt, 1, 8, tm > tn))
+                for c in extra:
+                    fns.append(lambda i, c=c: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=c))
                 times = bench_many(fns, nsets, args.reps)
                 tf_t = record("torch.matmul", m, n, k, dt, times[0])
                 tf_c = record("cupy.matmul", m, n, k, dt, times[1])
@@ -215,6 +224,9 @@ def main(argv=None) -> int:
                 if best is not None:
                     tf_b = record("rawflux-tuned", m, n, k, dt, times[3], best.tag())
                     line += f"  tuned {tf_b:6.1f} ({tf_b / max(tf_t, tf_c):.3f}) [{best.tag()}]"
+                for j, c in enumerate(extra):
+                    tf_x = record(f"rawflux[{c.tile.tag()}]", m, n, k, dt, times[len(times) - len(extra) + j], c.tag())
+                    line += f"  {c.tile.tag()} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
                 print(line, flush=True)
                 if args.sweep and dt == "bf16":
                     seen = set()
@@ -235,7 +247,7 @@ def main(argv=None) -> int:
     # Summary: ratio of rawflux to the faster cuBLAS per point, and the bar.
     print("\nsummary (ratio = rawflux TF/s / faster cuBLAS TF/s)")
     for dt in args.dtypes.split(","):
-        for impl in ("rawflux", "rawflux-tuned"):
+        for impl in ("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles):
             big, small = [], []
             for r in rows:
                 if r["impl"] != impl or r["dtype"] != dt:

@@ -1,19 +1,39 @@
-"""One rawflux.gemm launch for Nsight Compute (ncu -k regex:gemm_kernel --launch-skip 3 --launch-count 1).
+"""rawflux.gemm and cuBLAS (torch.matmul) launches on the same inputs, for Nsight Compute.
 
-    PYTHONPATH=. ncu --clock-control none -k regex:gemm_kernel --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats python3 benchmarks/gemm_ncu.py 8192 8192 8192
+Each implementation runs 3 warm-up calls and then one profiled call, rawflux first. The kernel
+filter below keeps only the GEMM kernels (cuBLAS on Hopper names them nvjet_* or sm90_xmma_*):
+
+    PYTHONPATH=. ncu --set full -k regex:'gemm_kernel|nvjet|xmma' --launch-skip 3 --launch-count 1 \
+        python3 benchmarks/gemm_ncu.py 8192 8192 8192 --impl rawflux
+    (or launch/ncu_gemm.sh M N K, which profiles both and writes text reports)
 """
-import sys
+import argparse
 
 import torch
 
 from rawflux.ops import gemm as g
 
-m, n, k = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (8192, 8192, 8192)
+ap = argparse.ArgumentParser()
+ap.add_argument("m", type=int, nargs="?", default=8192)
+ap.add_argument("n", type=int, nargs="?", default=8192)
+ap.add_argument("k", type=int, nargs="?", default=8192)
+ap.add_argument("--impl", choices=("rawflux", "torch"), default="rawflux")
+ap.add_argument("--config", default=None, help="a tune.GemmConfig tag, e.g. 128x256x64s4c2x1w2/k1/g8m/p0")
+args = ap.parse_args()
+m, n, k = args.m, args.n, args.k
 a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
 o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-for _ in range(5):
-    g.gemm(a, w, out=o)
+cfg = g.pick_config(m, n, k, g.DType.BF16, "nk", g.DType.BF16, 0)
+if args.config:
+    from rawflux import tune
+
+    cfg = next(c for c in tune.candidates(m, n, k, "nk", tune.device_info(0)) + [cfg] if c.tag() == args.config)
+if args.impl == "rawflux":
+    call = lambda: g.gemm(a, w, out=o, config=cfg)  # noqa: E731
+    print("config", cfg.tag(), flush=True)
+else:
+    call = lambda: torch.matmul(a, w.T, out=o)  # noqa: E731
+for _ in range(4):
+    call()
 torch.cuda.synchronize()
-print("config", g.pick_config(m, n, k, g.DType.BF16, "nk", g.DType.BF16, 0).tag())

@@ -51,7 +51,8 @@ class TileConfig:
         return self.bn // (self.consumers // wg_m)
 
     def supports(self, b_layout: str) -> bool:
-        return b_layout == "nk" or (self.bn % 64 == 0 and self.wn % 64 == 0)
+        # kn: B's shared tile is 64-column chunks and one wgmma spans a warpgroup's columns (<= 256)
+        return b_layout == "nk" or (self.bn % 64 == 0 and self.wn % 64 == 0 and self.wn <= 256)
 
     def tag(self) -> str:
         c = f"c{self.cluster_m}x{self.cluster_n}" if self.cluster_size > 1 else "c1"
@@ -77,6 +78,21 @@ class GemmConfig:
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
         return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)))
+
+
+def parse_tag(tag: str) -> GemmConfig:
+    """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0'); the
+    tile must be one rawflux compiles."""
+    import re
+
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)w(\d)/k(\d+)/g(\d+)([mn])/p(\d+)", tag.strip())
+    if mt is None:
+        raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0')")
+    bm, bn, st, cm, cn, w, k, g, r, p = mt.groups()
+    tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w))
+    if tile not in TILES:
+        raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in TILES)})")
+    return GemmConfig(tile, int(k), int(g), r == "n", int(p))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -106,6 +122,11 @@ TILES: dict[TileConfig, float] = {
     _tile(128, 128): 0.77,
     _tile(64, 256): 0.70,
     _tile(64, 128): 0.62,
+    # 128 x 320: two m64n160 wgmma per k16 step per warpgroup (the tile cuBLAS picks for large
+    # problems, 2026-11-29 ncu): 7 % more MACs per byte staged than 128 x 256, but wider column
+    # tiles quantize worse; the model picks it where the waves favour it (measured 2026-11-29:
+    # with 1.06 it chose the faster of the two tiles at all 25 points of benchmarks/gemm.py --tiles).
+    _tile(128, 320, cluster_m=2): 1.06,
 }
 
 

@@ -61,3 +61,23 @@ def test_kernel_name_matches_registry():
     t = next(iter(tune.TILES))
     name = g.kernel_name(t, DType.BF16, DType.BF16, "nk")
     assert any(v.name_expr == name for v in GEMM_VARIANTS)
+
+
+def test_config_tags_round_trip():
+    for t in tune.TILES:
+        for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, splits=3, group=4, raster_n=True, ctas=120)):
+            assert tune.parse_tag(cfg.tag()) == cfg
+    with pytest.raises(ValueError, match="not a gemm config tag"):
+        tune.parse_tag("128x256/k1")
+    with pytest.raises(ValueError, match="not compiled by rawflux"):
+        tune.parse_tag("128x64x64s4c1w2/k1/g8m/p0")
+
+
+def test_wide_tile_is_nk_only_and_two_wgmma_per_step():
+    wide = [t for t in tune.TILES if t.wn > 256]
+    assert wide, "the 128 x 320 tile (two m64n160 wgmma per k16 step) is compiled"
+    for t in wide:
+        assert t.supports("nk") and not t.supports("kn")  # kn B chunks are 64 columns: 160 does not split them
+        assert t.bn // t.cluster_m <= 256  # the TMA box of B (one CTA's multicast slice) spans <= 256 rows
+    sass_hint = [v for v in GEMM_VARIANTS if "GemmCfg<128,320," in v.name_expr]
+    assert len(sass_hint) == 4  # bf16/f16 x 16-bit/f32 out, nk only

@@ -50,6 +50,10 @@ struct GemmCfg {
   static constexpr int kWgN = kConsumers_ / kWgM;
   static constexpr int kWN = BN_ / kWgN;
   static constexpr int kAccRegs = kWN / 2;  // fp32 accumulators per consumer thread
+  // One wgmma covers at most N = 256: a wider warpgroup fragment (BN 320 = 2 x 160) is issued as
+  // kWgmmaChunks instructions per k16 step, side by side along n, each on its slice of acc.
+  static constexpr int kWgmmaChunks = kWN <= 256 ? 1 : 2;
+  static constexpr int kWgmmaN = kWN / kWgmmaChunks;
 
   static constexpr int kThreads = 128 * (1 + kConsumers_);
   static constexpr int kProducerRegs = 40;
@@ -76,10 +80,14 @@ struct GemmCfg {
   static_assert(BM_ == 64 || BM_ == 128, "BM is 64 or 128 (one m64 wgmma row block per consumer warpgroup)");
   static_assert(kConsumers_ == 1 || kConsumers_ == 2, "1 or 2 consumer warpgroups");
   static_assert(kWgM >= 1 && kWgM <= kConsumers_ && kWgN * kWgM == kConsumers_, "consumer warpgroup grid");
-  static_assert(kWN % 16 == 0 && kWN >= 16 && kWN <= 256, "wgmma N per warpgroup: multiple of 16 in 16..256");
-  static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0), "kn layout: BN and per-warpgroup N multiples of 64");
+  static_assert(kWN % 16 == 0 && kWN >= 16 && kWN <= 512, "N per warpgroup: multiple of 16 in 16..512");
+  static_assert(kWgmmaN % 16 == 0 && kWgmmaN <= 256, "wgmma N per instruction: multiple of 16 up to 256");
+  static_assert(kWgmmaChunks == 1 || ((kWgmmaN * 128) % 1024 == 0), "a second wgmma chunk starts on a swizzle atom");
+  static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0 && kWgmmaChunks == 1),
+                "kn layout: BN and per-warpgroup N multiples of 64, one wgmma per k16 step");
   static_assert(kClusterM_ == 1 || kClusterN_ == 1, "cluster along m or along n, not both");
   static_assert(kClusterSize == 1 || kClusterSize == 2, "cluster size 1 or 2");
+  static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "a TMA box spans at most 256 rows");
   static_assert(kBoxARows % 8 == 0 && (kBLayout_ == kLayoutKN || kBoxBRows % 8 == 0),
                 "multicast slices start on a 1024-byte swizzle atom");
   static_assert(kBLayout_ == kLayoutNK || kBoxBRows % 8 == 0, "kn multicast slice: k rows multiple of 8");

@@ -3,8 +3,9 @@
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
 //     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
 //     cluster peer for the shared operand).
-//   warpgroups 1..kConsumers (232 registers): wait for a full stage, issue 4 wgmma (k16 each) on
-//     it, keep one stage of wgmma in flight, release the previous stage to the producer(s) of the
+//   warpgroups 1..kConsumers (232 registers): wait for a full stage, issue 4 k16 steps of wgmma on
+//     it (one wgmma per step, two side by side along n when the warpgroup's N exceeds 256), keep
+//     one stage of wgmma in flight, release the previous stage to the producer(s) of the
 //     cluster; after the last k block, split-K fix-up if any, then Epilogue::store.
 //
 // Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
@@ -243,7 +244,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           } else {
             db = ptx::smem_desc(b_base + kk * 16 * 128, Cfg::kChunkBytes, 1024);
           }
-          ptx::Wgmma<Cfg::kWN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc, da, db, (i > 0 || kk > 0) ? 1u : 0u);
+#pragma unroll
+          for (int c = 0; c < Cfg::kWgmmaChunks; ++c) {
+            // chunk c: n rows [c * kWgmmaN, (c + 1) * kWgmmaN) of the B slice (nk only), acc slice c
+            float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
+            ptx::Wgmma<Cfg::kWgmmaN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(
+                acc_c, da, db + (u64)((c * Cfg::kWgmmaN * Cfg::kRowBytes) >> 4), (i > 0 || kk > 0) ? 1u : 0u);
+          }
         }
         ptx::wgmma_commit();
         if (i > 0) {
