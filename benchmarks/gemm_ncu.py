@@ -28,7 +28,7 @@ cfg = g.pick_config(m, n, k, g.DType.BF16, "nk", g.DType.BF16, 0)
 if args.config:
     from rawflux import tune
 
-    cfg = next(c for c in tune.candidates(m, n, k, "nk", tune.device_info(0)) + [cfg] if c.tag() == args.config)
+    cfg = tune.parse_tag(args.config)
 if args.impl == "rawflux":
     call = lambda: g.gemm(a, w, out=o, config=cfg)  # noqa: E731
     print("config", cfg.tag(), flush=True)
