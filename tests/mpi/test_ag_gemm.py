@@ -22,11 +22,9 @@ MODES = (("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm"))
 def ctx():
     from mpi4py import MPI
 
-    from rawflux.dist._backend import gpu_available
+    from tests.mpi._ranks import require_gpu_on_every_rank
 
-    ok, why = gpu_available()
-    if not MPI.COMM_WORLD.allreduce(ok, op=MPI.LAND):
-        pytest.skip(f"needs a GPU on every rank: {why or 'another rank has none'}")
+    require_gpu_on_every_rank()
     import rawflux.dist as dist
 
     from tests.gpu.ag_gemm_checks import Ctx

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 
 from rawflux.dist import layout, topology
-from rawflux.dist._backend import gpu_available
 from rawflux.dist.group import CollectiveTimeout, Group, current_group, finalize, init
 from rawflux.dist.topology import DistError
 
@@ -456,10 +455,9 @@ def test_group_ctrl_is_packed_for_the_kernel(comm):
 # --- the real CUDA parts: skip without a GPU ------------------------------------------------------
 
 def test_real_cuda_group_or_skip(comm):
-    ok, why = gpu_available()
-    ok = comm.allreduce(ok, op=MPI.LAND)
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU on every rank: {why or 'another rank has none'}")
+    from tests.mpi._ranks import require_gpu_on_every_rank
+
+    require_gpu_on_every_rank(comm)
     g = init(comm)
     g.barrier()
     g.synchronize()

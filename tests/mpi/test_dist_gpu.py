@@ -16,13 +16,9 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.gpu]
 
 @pytest.fixture(scope="module")
 def group():
-    from mpi4py import MPI
+    from tests.mpi._ranks import require_gpu_on_every_rank
 
-    from rawflux.dist._backend import gpu_available
-
-    ok, why = gpu_available()
-    if not MPI.COMM_WORLD.allreduce(ok, op=MPI.LAND):
-        pytest.skip(f"needs a GPU on every rank: {why or 'another rank has none'}")
+    require_gpu_on_every_rank()
     import rawflux.dist as dist
 
     g = dist.init()

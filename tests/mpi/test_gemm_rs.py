@@ -19,15 +19,9 @@ pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.gpu]
 def group():
     from mpi4py import MPI
 
-    from rawflux.dist._backend import gpu_available
+    from tests.mpi._ranks import require_gpu_on_every_rank
 
-    ok, why = gpu_available()
-    if not MPI.COMM_WORLD.allreduce(ok, op=MPI.LAND):
-        pytest.skip(f"needs a GPU on every rank: {why or 'another rank has none'}")
-    import cupy
-
-    if not MPI.COMM_WORLD.allreduce(cupy.cuda.Device().compute_capability == "90", op=MPI.LAND):
-        pytest.skip("rawflux's GEMM kernels need sm_90 (Hopper) on every rank")
+    require_gpu_on_every_rank(hopper=True)
     import rawflux.dist as dist
 
     g = dist.init()
