@@ -65,6 +65,7 @@ def src(tmp_path, monkeypatch):
     monkeypatch.delenv("RAWFLUX_CUDA_SRC", raising=False)
     monkeypatch.delenv("RAWFLUX_DISABLE_DISK_CACHE", raising=False)
     monkeypatch.delenv("RAWFLUX_JIT_VERBOSE", raising=False)
+    monkeypatch.delenv("RAWFLUX_NVRTC_DEFINES", raising=False)
     root = tmp_path / "cuda_src"
     shutil.copytree(jit.cuda_src_dir(), root)
     kernels = root / "rawflux" / "kernels"
@@ -119,6 +120,26 @@ def test_disk_cache_hit_on_second_compile(src):
     assert second.key == first.key and second.cubin == first.cubin and second.lowered == first.lowered
     assert second.resources == first.resources  # re-parsed from the stored log
     assert _compile() is second  # and then from memory
+
+
+def test_nvrtc_defines_reach_the_compile_and_the_key(src, monkeypatch):
+    guarded = "#if RAWFLUX_TEST_FLAG != 7\n#error RAWFLUX_TEST_FLAG must be 7\n#endif\n" + TINY
+    kw = dict(arch="sm_90a", name_expressions=("rawflux::test_tiny_kernel",), filename="guarded.cu")
+    with pytest.raises(jit.CompileError, match="RAWFLUX_TEST_FLAG"):
+        compiler.compile_cubin(guarded, **kw)
+    plain = _compile()
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_TEST_FLAG=7 RAWFLUX_OTHER")
+    assert compiler.compile_cubin(guarded, **kw).cubin
+    assert _compile().key != plain.key  # a define is part of the cache key
+
+
+@pytest.mark.parametrize("bad", ["1X=2", "A-B", "=3"])
+def test_malformed_nvrtc_define_is_refused(monkeypatch, bad):
+    from rawflux import env
+
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", bad)
+    with pytest.raises(ValueError, match="RAWFLUX_NVRTC_DEFINES"):
+        env.nvrtc_defines()
 
 
 def test_disk_cache_can_be_disabled(src, monkeypatch):

@@ -29,6 +29,34 @@ struct GemmParams {
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)
 };
 
+#ifndef RAWFLUX_WGMMA_N_MAX
+#define RAWFLUX_WGMMA_N_MAX 256
+#endif
+#ifndef RAWFLUX_ORDERED_ISSUE
+#define RAWFLUX_ORDERED_ISSUE 1
+#endif
+// 1: the two consumer warpgroups take turns issuing their per-stage wgmma groups (named barriers;
+// see the main loop). Measured 2026-11-29: +8 points of cuBLAS in the bare wgmma loop, +2 in full.
+constexpr bool kOrderedIssue = RAWFLUX_ORDERED_ISSUE != 0;
+#ifndef RAWFLUX_PROBE
+#define RAWFLUX_PROBE 0
+#endif
+// Development probes (results are garbage; for timing attribution only), a bit mask:
+//   1: the epilogue's stores are skipped at run time (still compiled, so no wgmma is dead code);
+//   2: the producer issues no loads and marks each stage full at once (the consumers' wgmma
+//      rate on stale shared memory, without the operand feed).
+constexpr int kProbe = RAWFLUX_PROBE;
+
+// Fewest equal n chunks of a warpgroup's kWN columns with each chunk at most RAWFLUX_WGMMA_N_MAX
+// (and 256) wide and a multiple of `unit` (16 for K-major B, 64 for the kn layout's column chunks).
+constexpr int wgmma_chunks(int wn, int unit) {
+  const int cap = RAWFLUX_WGMMA_N_MAX < 256 ? RAWFLUX_WGMMA_N_MAX : 256;
+  for (int c = 1; c <= wn / unit; ++c) {
+    if (wn % c == 0 && (wn / c) % unit == 0 && wn / c <= (cap < unit ? unit : cap)) return c;
+  }
+  return 1;
+}
+
 template <int BM_, int BN_, int BK_, int kStages_, int kClusterM_, int kClusterN_, int kConsumers_, int kIn_, int kOut_,
           int kBLayout_>
 struct GemmCfg {
@@ -50,9 +78,10 @@ struct GemmCfg {
   static constexpr int kWgN = kConsumers_ / kWgM;
   static constexpr int kWN = BN_ / kWgN;
   static constexpr int kAccRegs = kWN / 2;  // fp32 accumulators per consumer thread
-  // One wgmma covers at most N = 256: a wider warpgroup fragment (BN 320 = 2 x 160) is issued as
-  // kWgmmaChunks instructions per k16 step, side by side along n, each on its slice of acc.
-  static constexpr int kWgmmaChunks = kWN <= 256 ? 1 : 2;
+  // A warpgroup's fragment is issued as kWgmmaChunks wgmma per k16 step, side by side along n,
+  // each on its slice of acc: one wgmma covers at most N = 256 (BN 320 = 2 x 160), and
+  // RAWFLUX_WGMMA_N_MAX can cap it lower (issue-order experiments, docs/gemm-notes.md).
+  static constexpr int kWgmmaChunks = wgmma_chunks(kWN, kBLayout_ == kLayoutKN ? 64 : 16);
   static constexpr int kWgmmaN = kWN / kWgmmaChunks;
 
   static constexpr int kThreads = 128 * (1 + kConsumers_);
@@ -82,9 +111,10 @@ struct GemmCfg {
   static_assert(kWgM >= 1 && kWgM <= kConsumers_ && kWgN * kWgM == kConsumers_, "consumer warpgroup grid");
   static_assert(kWN % 16 == 0 && kWN >= 16 && kWN <= 512, "N per warpgroup: multiple of 16 in 16..512");
   static_assert(kWgmmaN % 16 == 0 && kWgmmaN <= 256, "wgmma N per instruction: multiple of 16 up to 256");
+  static_assert(kWgmmaChunks * kWgmmaN == kWN, "n chunks tile the warpgroup's columns");
   static_assert(kWgmmaChunks == 1 || ((kWgmmaN * 128) % 1024 == 0), "a second wgmma chunk starts on a swizzle atom");
-  static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0 && kWgmmaChunks == 1),
-                "kn layout: BN and per-warpgroup N multiples of 64, one wgmma per k16 step");
+  static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0 && kWgmmaN % 64 == 0),
+                "kn layout: BN and per-warpgroup N multiples of 64, chunks whole 64-column boxes");
   static_assert(kClusterM_ == 1 || kClusterN_ == 1, "cluster along m or along n, not both");
   static_assert(kClusterSize == 1 || kClusterSize == 2, "cluster size 1 or 2");
   static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "a TMA box spans at most 256 rows");

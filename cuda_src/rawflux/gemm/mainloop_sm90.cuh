@@ -160,6 +160,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
           ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
+            ptx::mbar_arrive(&full[stage]);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+            continue;
+          }
           ptx::mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
           u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
           if constexpr (Cfg::kClusterN > 1) {
@@ -227,6 +235,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const u32 a_base0 = ptx::smem_u32(smem_a) + a_off;
     const u32 b_base0 = ptx::smem_u32(smem_b) + b_off;
 
+    // One wgmma: k16 step kk of n chunk c (columns [c * kWgmmaN, (c + 1) * kWgmmaN) of this
+    // warpgroup's B slice, accumulator slice c) on the stage at (a_base, b_base). The first k16
+    // step of a tile overwrites the accumulators.
+    auto mma = [&](int c, int kk, u32 a_base, u32 b_base, bool first_block) {
+      float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
+      const u64 da = ptx::smem_desc(a_base + kk * 32, 16, 1024);
+      u64 db;
+      if constexpr (Cfg::kBLayout == kLayoutNK) {
+        db = ptx::smem_desc(b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes + kk * 32, 16, 1024);
+      } else {
+        db = ptx::smem_desc(b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes + kk * 16 * 128, Cfg::kChunkBytes, 1024);
+      }
+      ptx::Wgmma<Cfg::kWgmmaN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc_c, da, db, (!first_block || kk > 0) ? 1u : 0u);
+    };
+    constexpr int kSteps = Cfg::kBK / 16;
+
+    // Ordered issue (kOrderedIssue): the two consumer warpgroups take turns issuing their stage's
+    // wgmma group, so the tensor pipe runs one warpgroup's group while the other waits for its
+    // previous group and issues its next (issued together, both groups end together and the pipe
+    // drains while both reissue). Warpgroup c waits for its turn on barrier kIssueBarrierBase + c;
+    // the other arrives there once it has issued.
+    // Not for two wgmma chunks per k16 step (BN 320): ptxas then runs out of registers and
+    // serializes the wgmma (C7512).
+    constexpr bool kOrdered = kOrderedIssue && Cfg::kConsumers == 2 && Cfg::kWgmmaChunks == 1;
+    constexpr u32 kTurnThreads = 128 * Cfg::kConsumers;
+    // Turns order wgmma issue only; the data the wgmma read is ordered by the stage barriers.
+    auto wait_turn = [&] {
+      if (consumer == 0) ptx::named_barrier_sync_c<kIssueBarrierBase, kTurnThreads>();
+      else ptx::named_barrier_sync_c<kIssueBarrierBase + 1, kTurnThreads>();
+    };
+    auto pass_turn = [&] {
+      if (consumer == 0) ptx::named_barrier_arrive_c<kIssueBarrierBase + 1, kTurnThreads>();
+      else ptx::named_barrier_arrive_c<kIssueBarrierBase, kTurnThreads>();
+    };
+    if constexpr (kOrdered) {
+      if (consumer == 1) pass_turn();  // warpgroup 0 goes first
+    }
+
     while (sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
@@ -234,25 +280,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
         const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
         const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
-        ptx::wgmma_fence();
+        if constexpr (kOrdered) wait_turn();
+        ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
 #pragma unroll
-        for (int kk = 0; kk < Cfg::kBK / 16; ++kk) {
-          const u64 da = ptx::smem_desc(a_base + kk * 32, 16, 1024);
-          u64 db;
-          if constexpr (Cfg::kBLayout == kLayoutNK) {
-            db = ptx::smem_desc(b_base + kk * 32, 16, 1024);
-          } else {
-            db = ptx::smem_desc(b_base + kk * 16 * 128, Cfg::kChunkBytes, 1024);
-          }
+        for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
-          for (int c = 0; c < Cfg::kWgmmaChunks; ++c) {
-            // chunk c: n rows [c * kWgmmaN, (c + 1) * kWgmmaN) of the B slice (nk only), acc slice c
-            float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
-            ptx::Wgmma<Cfg::kWgmmaN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(
-                acc_c, da, db + (u64)((c * Cfg::kWgmmaN * Cfg::kRowBytes) >> 4), (i > 0 || kk > 0) ? 1u : 0u);
-          }
+          for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
+        if constexpr (kOrdered) pass_turn();
         if (i > 0) {
           ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
           release(prev_stage);
@@ -274,13 +310,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.col0 = w.tile_n * Cfg::kBN + (i32)wn * Cfg::kWN;
       tc.tid = tid;
       tc.consumer = consumer;
-      bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n;
+      bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n && !((kProbe & 1) && p.k_blocks > 0);
       if (p.splits > 1 && do_store) do_store = splitk_fixup<Cfg>(p, acc, w, consumer, tid);
       if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
       if constexpr (Epilogue::kTileBarrier) {
         ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
         Epilogue::template tile_done<Cfg>(epi, p, tc);
       }
+    }
+    if constexpr (kOrdered) {
+      if (consumer == 0) wait_turn();  // consumes warpgroup 1's last hand-over: the barrier ends balanced
     }
   }
 

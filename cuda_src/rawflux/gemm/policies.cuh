@@ -25,7 +25,8 @@ namespace rawflux {
 
 // Named barrier ids: 0 is __syncthreads'; 1 spans the consumer warpgroups (tile_done hook);
 // 2 + c is consumer warpgroup c alone (split-K fix-up).
-enum : u32 { kConsumerBarrier = 1, kWarpgroupBarrierBase = 2 };
+// 4 + c: consumer warpgroup c's turn to issue (ordered issue).
+enum : u32 { kConsumerBarrier = 1, kWarpgroupBarrierBase = 2, kIssueBarrierBase = 4 };
 
 // Plain GEMM: A is ready before the launch.
 struct NoWait {

@@ -115,6 +115,17 @@ RAWFLUX_DEVICE void named_barrier_sync(u32 id, u32 count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Named barrier with compile-time id and count (no registers held for them: the consumers' main
+// loop runs at the register limit). _arrive counts this warp in without waiting.
+template <u32 kId, u32 kCount>
+RAWFLUX_DEVICE void named_barrier_sync_c() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+template <u32 kId, u32 kCount>
+RAWFLUX_DEVICE void named_barrier_arrive_c() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
+}
+
 // Named barrier that also ORs a predicate over the participating threads.
 RAWFLUX_DEVICE bool named_barrier_or(u32 id, u32 count, bool pred) {
   u32 out;

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A/B of the GEMM engine's compile-time switches (RAWFLUX_NVRTC_DEFINES) on one GPU: every variant
+# runs benchmarks/gemm.py in its own process, each against cuBLAS in that same run, so the ratios
+# compare across variants. Output: $OUT/variant-<label>.{log,json}.
+#   VARIANTS="base| n64o1|RAWFLUX_WGMMA_N_MAX=64 RAWFLUX_MMA_ORDER=1" GEMM_ARGS="--ms 2048,8192" bash launch/gemm_variants.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 RAWFLUX_CACHE_DIR=${RAWFLUX_CACHE_DIR:-/tmp/rawflux-cache} PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+VARIANTS=${VARIANTS:-"base|"}
+GEMM_ARGS=${GEMM_ARGS:-"--dtypes bf16 --ms 1024,4096,8192 --shapes 8192:8192,28672:8192,6144:12288"}
+IFS=';' read -ra VS <<< "$VARIANTS"
+# compile every bf16 nk tile of every variant first, all cores at once
+for v in "${VS[@]}"; do
+  label=${v%%|*}; defs=${v#*|}
+  RAWFLUX_NVRTC_DEFINES="$defs" python3 - <<'PY' &
+from concurrent.futures import ThreadPoolExecutor
+from rawflux import tune
+from rawflux.jit import compile_cubin, kernel_source
+from rawflux.ops.gemm import kernel_name
+from rawflux.runtime.dtypes import DType
+names = [kernel_name(t, DType.BF16, DType.BF16, "nk") for t in tune.tiles_for("nk")]
+with ThreadPoolExecutor(4) as ex:
+    list(ex.map(lambda n: compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(n,), filename="gemm.cu"), names))
+PY
+done
+wait
+echo "=== compiled ($(date +%T))"
+for v in "${VS[@]}"; do
+  label=${v%%|*}; defs=${v#*|}
+  echo "=== variant $label: RAWFLUX_NVRTC_DEFINES='$defs' ($(date +%T))"
+  case "$defs" in *RAWFLUX_PROBE=*) ;; *)
+  RAWFLUX_NVRTC_DEFINES="$defs" timeout 120 python3 - <<'PY'
+import torch
+from rawflux import tune
+from rawflux.ops import gemm as g
+worst = 0.0
+for tag in ("128x256x64s4c2x1w2", "128x320x64s4c2x1w2"):
+    t = tune.parse_tag(tag + "/k1/g8m/p0").tile
+    for m, n, k, lay in ((333, 1280, 512, "nk"), (2048, 6400, 1536, "nk"), (77, 1024, 768, "kn")):
+        if not t.supports(lay):
+            continue
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) if lay == "nk" else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g.gemm(a, b, b_layout=lay, out=out, config=tune.GemmConfig(t, 1, 8, False))
+        ref = a.double() @ (b.double().T if lay == "nk" else b.double())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        worst = max(worst, err if err == err else 1.0)
+print(f"correctness: worst rel Frobenius err {worst:.2e} -> {'PASS' if worst < 1e-2 else 'FAIL'}")
+PY
+  ;; esac
+  RAWFLUX_NVRTC_DEFINES="$defs" timeout 300 python3 benchmarks/gemm.py $GEMM_ARGS --json "$OUT/variant-$label.json" > "$OUT/variant-$label.log" 2>&1
+  grep -E "^(bf16|f16) |summary|ratio|rawflux" "$OUT/variant-$label.log" | tail -40
+done
