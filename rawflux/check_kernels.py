@@ -1,5 +1,6 @@
 """CPU check: compile every registered kernel variant to cubin for each of its architectures and
-fail on any register spill or local-memory stack frame. Needs NVRTC, no GPU.
+fail on any register spill, local-memory stack frame or serialized wgmma (ptxas advisory C7512:
+the wgmma of a kernel then run one at a time, a silent large slowdown). Needs NVRTC, no GPU.
 
     python -m rawflux.check_kernels [--arch sm_90a] [--json out.json]
 """
@@ -12,6 +13,10 @@ import sys
 import rawflux  # noqa: F401  (imports every op module, which registers its variants)
 import rawflux.bench.timing  # noqa: F401  (registers the benchmark's delay kernel)
 from rawflux.jit import CompileError, compile_cubin, kernel_source, variants
+
+
+# ptxas: "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to ..."
+_WGMMA_SERIALIZED = "C7512"
 
 
 def check(arch_filter=None) -> tuple[list[dict], list[str]]:
@@ -33,6 +38,9 @@ def check(arch_filter=None) -> tuple[list[dict], list[str]]:
             rows.append({"kernel": v.name_expr, "arch": arch, **r})
             if r["spill_stores"] or r["spill_loads"] or r["stack"]:
                 problems.append(f"{v.name_expr} [{arch}]: {r['stack']} B stack, {r['spill_stores']} B spill stores, {r['spill_loads']} B spill loads")
+            serialized = [line.strip() for line in res.log.splitlines() if _WGMMA_SERIALIZED in line]
+            if serialized:
+                problems.append(f"{v.name_expr} [{arch}]: {serialized[0]}")
     return rows, problems
 
 

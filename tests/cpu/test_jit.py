@@ -2,6 +2,7 @@
 compile errors, ptxas resource parsing, and the check_kernels CPU check."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing as mp
@@ -288,6 +289,27 @@ def test_parse_resources_of_a_real_spilling_compile(src):
     free = _compile("_test_spill.cu", "rawflux::test_spill_kernel")
     r = free.resources[free.lowered["rawflux::test_spill_kernel"]]
     assert r["registers"] > 24 and (r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 0, 0)
+
+
+def test_check_kernels_reports_serialized_wgmma(monkeypatch):
+    """A ptxas C7512 advisory (wgmma serialized) fails the check like a spill does."""
+    from rawflux import check_kernels
+
+    log = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "insufficient register resources for the function '_Z1kv'\n"
+           "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90a'\n"
+           "ptxas info    : Function properties for _Z1kv\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers\n")
+    fake = compiler.CompileResult(b"", {"k": "_Z1kv"}, log, "key", resources=compiler.parse_resources(log))
+    monkeypatch.setattr(registry, "_variants", [registry.Variant("x.cu", "k", ("sm_90a",))])
+    result = [fake]
+    monkeypatch.setattr(check_kernels, "compile_cubin", lambda *a, **k: result[0])
+    monkeypatch.setattr(check_kernels, "kernel_source", lambda relpath: "")
+    rows, problems = check_kernels.check()
+    assert len(rows) == 1 and len(problems) == 1 and "C7512" in problems[0]
+    result[0] = dataclasses.replace(fake, log="".join(log.splitlines(keepends=True)[1:]))  # no advisory
+    assert check_kernels.check()[1] == []
 
 
 def test_check_kernels_cli_runs():
