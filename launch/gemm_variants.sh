@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A/B of the GEMM engine's compile-time switches (RAWFLUX_NVRTC_DEFINES) on one GPU: every variant
 # runs benchmarks/gemm.py in its own process, each against cuBLAS in that same run, so the ratios
-# compare across variants. Output: $OUT/variant-<label>.{log,json}.
-#   VARIANTS="base| n64o1|RAWFLUX_WGMMA_N_MAX=64 RAWFLUX_MMA_ORDER=1" GEMM_ARGS="--ms 2048,8192" bash launch/gemm_variants.sh
+# compare across variants. Variants are `label|defines`, separated by ';'. A quick correctness check
+# (rel. Frobenius error vs float64, output poisoned) runs first, except for probes (RAWFLUX_PROBE).
+# Output: $OUT/variant-<label>.{log,json}. Example (session 4, docs/gemm-notes.md):
+#   VARIANTS="oi|;nooi|RAWFLUX_ORDERED_ISSUE=0;p3|RAWFLUX_PROBE=3" GEMM_ARGS="--dtypes bf16 --ms 2048,8192" \
+#     bash launch/gemm_variants.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"

@@ -58,7 +58,7 @@ def cuda_src_override() -> Path | None:
 
 def nvrtc_defines() -> tuple[str, ...]:
     """RAWFLUX_NVRTC_DEFINES: extra preprocessor defines for every kernel compile, space-separated
-    NAME=VALUE (kernel development: A/B of compile-time switches, e.g. RAWFLUX_MMA_ORDER=1). They
+    NAME=VALUE (kernel development: A/B of compile-time switches, e.g. RAWFLUX_ORDERED_ISSUE=0). They
     are part of the compile cache key."""
     out = []
     for item in os.environ.get("RAWFLUX_NVRTC_DEFINES", "").split():
