@@ -137,12 +137,14 @@ def main(argv=None) -> int:
     for t in tune.TILES:
         if t.cluster_size < 2:
             continue
-        kern = g.get_kernel("gemm.cu", g.kernel_name(t, DType.BF16, DType.BF16, "nk"), device_id=dev, arch="sm_90a")
-        kern.set_max_dynamic_smem(t.smem_bytes)
+        epi = g.plain_epilogue(DType.BF16)
+        smem = g.launch_smem_bytes(t, epi, DType.BF16)
+        kern = g.get_kernel("gemm.cu", g.kernel_name(t, DType.BF16, DType.BF16, "nk", epilogue=epi), device_id=dev, arch="sm_90a")
+        kern.set_max_dynamic_smem(smem)
         lc = cdrv.CUlaunchConfig()
         lc.gridDimX, lc.gridDimY, lc.gridDimZ = info.sms, 1, 1
         lc.blockDimX, lc.blockDimY, lc.blockDimZ = t.threads, 1, 1
-        lc.sharedMemBytes = t.smem_bytes
+        lc.sharedMemBytes = smem
         at = cdrv.CUlaunchAttribute()
         at.id = cdrv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = t.cluster_size, 1, 1

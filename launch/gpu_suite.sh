@@ -54,6 +54,8 @@ for stage in "$@"; do
         log compute-sanitizer $tool gemm_rs world 2
         timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
           python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|gemm_rs world=2 (correct|graph|loop)" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
+        log compute-sanitizer $tool gemm "(TmaStore staging reuse)"
+        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 python3 tests/gpu/gemm_sanitize.py 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|gemm sanitize" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
         log compute-sanitizer $tool ag_gemm world 2
         timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
           python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|ag_gemm world=2" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30

@@ -115,8 +115,12 @@ def _tile(bm, bn, cluster_m=1, cluster_n=1, consumers=2) -> TileConfig:
 # measured 2026-11-29 by benchmarks/gemm.py --sweep). They only rank candidates for the heuristic;
 # the measured tuner (RAWFLUX_TUNE=on) decides on real timings.
 TILES: dict[TileConfig, float] = {
-    # 128 x 256: 1.04 / 1.00 before ordered issue; 1.05 / 1.01 after it (2026-11-29 session 4: with
-    # 1.05 the model picks the fastest of 128x192 / 128x256 / 128x320 at 24 of 25 points m >= 512).
+    # Rates refit on measured data (benchmarks/gemm.py --tiles, bf16, 25 points m 512..8192 on the
+    # five shapes): with these the model picks the fastest of 128x192 / 128x256 / 128x320 (cluster
+    # 2x1) and 128x256 (no cluster) within 1 % at 25 of 25 points. History: 128x256 1.04 / 1.00
+    # before ordered issue, 1.05 / 1.01 after it (session 4); 128x320 1.06 until
+    # the TmaStore epilogue (session 5), which the tiles with staging room (128x256, 128x192) use
+    # and 128x320 (shared memory full) does not.
     _tile(128, 256, cluster_m=2): 1.05,
     _tile(128, 256): 1.01,
     _tile(128, 192, cluster_m=2): 1.02,
@@ -126,9 +130,9 @@ TILES: dict[TileConfig, float] = {
     _tile(64, 128): 0.62,
     # 128 x 320: two m64n160 wgmma per k16 step per warpgroup (the tile cuBLAS picks for large
     # problems, 2026-11-29 ncu): 7 % more MACs per byte staged than 128 x 256, but wider column
-    # tiles quantize worse; the model picks it where the waves favour it (measured 2026-11-29:
-    # with 1.06 it chose the faster of the two tiles at all 25 points of benchmarks/gemm.py --tiles).
-    _tile(128, 320, cluster_m=2): 1.06,
+    # tiles quantize worse, and no shared memory is left for TmaStore's staging; since session 5
+    # the model picks it only where the waves favour it strongly (m = 512, n = 28672).
+    _tile(128, 320, cluster_m=2): 1.02,
 }
 
 

@@ -63,7 +63,6 @@ __all__ = ["AGGemm", "ag_gemm", "bench_variants", "cached_op", "clear_cache", "s
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
 SCHED = "rawflux::TileSched"
-EPILOGUE = "rawflux::LocalStore"
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
 LOCAL_THREADS = 256
@@ -81,7 +80,7 @@ AG_COPY_ARGS = struct.Struct("<QQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath
 META_FIELDS_STRUCT = struct.Struct("<14I")  # MetaFields (fused/ag_meta.cuh)
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
-G.register_variants(KERNEL_FILE, prologue=PROLOGUE, dtypes=DTYPES)
+G.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=G.plain_epilogue, dtypes=DTYPES)
 register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
 
@@ -493,10 +492,11 @@ class AGGemm(CollectiveOp):
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
         pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._ready.ptr, m_loc, self.rank, self.world, 0)
         ldc = tc.strides[0] if m > 1 else n
-        epi = G.local_store_params(tc.ptr, ldc, bias_ptr, bias_kind)
+        epilogue = G.plain_epilogue(self.out_dtype)  # the plain GEMM's: TmaStore for 16-bit C
+        epi = G.epilogue_params(epilogue, tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         plan = G._plan(cfg, m, n, k, dt, self.b_layout, self.out_dtype, s, self.device_id, KERNEL_FILE, SCHED, PROLOGUE,
-                       EPILOGUE, self.world, self.rank)
+                       epilogue, self.world, self.rank)
         key = (cfg, m)
         params = self._params.get(key)
         if params is None:

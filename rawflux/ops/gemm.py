@@ -20,7 +20,8 @@ from ..runtime import DType, as_tensor, check_matrix, prepare_output, resolve_st
 from ..tune import GemmConfig, TileConfig
 
 __all__ = [
-    "gemm", "launch_gemm", "kernel_name", "register_variants", "local_store_params", "NOWAIT_PARAMS",
+    "gemm", "launch_gemm", "kernel_name", "register_variants", "local_store_params", "tma_store_params", "epilogue_params",
+    "plain_epilogue", "NOWAIT_PARAMS",
     "GemmConfig", "TileConfig", "pick_config", "GEMM_PARAMS",
 ]
 
@@ -32,6 +33,7 @@ _TMAP_CODE = {DType.BF16: 9, DType.F16: 6}  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 
 GEMM_PARAMS = struct.Struct("<12i2Qq")
 # struct LocalStore::Params (policies.cuh): c, bias, ldc, bias_kind, pad.
 _LOCAL_STORE = struct.Struct("<QQqii")
+_TMA_STORE_TAIL = struct.Struct("<QqQii")  # after the 128-byte map: c, ldc, bias, bias_kind, pad
 NOWAIT_PARAMS = struct.pack("<i", 0)
 BIAS_NONE, BIAS_IN16, BIAS_F32 = 0, 1, 2
 
@@ -51,24 +53,70 @@ def out_dtypes_for(dtype: DType) -> tuple[DType, ...]:
 
 
 def register_variants(relpath: str = "gemm.cu", *, sched: str = "rawflux::TileSched", prologue: str = "rawflux::NoWait",
-                      epilogue: str = "rawflux::LocalStore", tiles=None, dtypes=(DType.BF16, DType.F16), layouts=("nk", "kn"),
+                      epilogue="rawflux::LocalStore", tiles=None, dtypes=(DType.BF16, DType.F16), layouts=("nk", "kn"),
                       out_dtypes=None) -> None:
     """Register every variant a heuristic or tuner can launch so ``python -m rawflux.check_kernels``
-    compiles them all on the CPU (sm_90a only: there is no sm_80 path)."""
+    compiles them all on the CPU (sm_90a only: there is no sm_80 path). ``epilogue``: a policy name,
+    or a function of the output dtype giving one."""
     for dt in dtypes:
         for layout in layouts:
             for t in tiles or tune.tiles_for(layout):
                 if not t.supports(layout):
                     continue
                 for od in out_dtypes or out_dtypes_for(dt):
-                    register(relpath, kernel_name(t, dt, od, layout, sched=sched, prologue=prologue, epilogue=epilogue), archs=("sm_90a",))
+                    epi = epilogue(od) if callable(epilogue) else epilogue
+                    register(relpath, kernel_name(t, dt, od, layout, sched=sched, prologue=prologue, epilogue=epi), archs=("sm_90a",))
 
 
-register_variants()
+def plain_epilogue(out_dtype: DType) -> str:
+    """The plain GEMM's epilogue policy: 16-bit C through shared memory and TMA stores (TmaStore),
+    f32 C from registers (LocalStore)."""
+    return "rawflux::LocalStore" if out_dtype == DType.F32 else "rawflux::TmaStore"
+
+
+register_variants(epilogue=plain_epilogue)
+
+# TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), up to two per consumer
+# warpgroup, in what shared memory the stage ring leaves (mirrors TmaStore::bufs in policies.cuh).
+_TMA_STORE_BOX_BYTES = 64 * 128
+
+
+def epilogue_scratch_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
+    """Shared memory the epilogue policy asks for (Epilogue::scratch_bytes<Cfg>())."""
+    if epilogue != "rawflux::TmaStore" or out_dtype == DType.F32 or tile.wn % 64:
+        return 0
+    free = tune.SMEM_PER_CTA - 1024 - _scratch_offset(tile)  # kScratchFree in policies.cuh
+    per_buf = _TMA_STORE_BOX_BYTES * tile.consumers
+    return (2 if free >= 2 * per_buf else 1 if free >= per_buf else 0) * per_buf
+
+
+def _scratch_offset(tile: TileConfig) -> int:
+    return tile.stages * (tile.bm + tile.bn) * tune.BK * 2 + 1024  # kScratchOffset in policies.cuh
+
+
+def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
+    """Dynamic shared memory of a launch: the tile's, or with scratch, the ring and barriers up to the
+    scratch offset, the scratch and the alignment slack."""
+    scratch = epilogue_scratch_bytes(tile, epilogue, out_dtype)
+    return tile.smem_bytes if scratch == 0 else 1024 + _scratch_offset(tile) + scratch
 
 
 def local_store_params(c_ptr: int, ldc: int, bias_ptr: int = 0, bias_kind: int = BIAS_NONE) -> bytes:
     return _LOCAL_STORE.pack(int(c_ptr), int(bias_ptr), int(ldc), int(bias_kind), 0)
+
+
+def tma_store_params(c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bias_ptr: int = 0, bias_kind: int = BIAS_NONE) -> bytes:
+    """TmaStore::Params: C's tensor map (64 x 64 boxes, 128-byte swizzle), then the register path's
+    pointer and pitch and the bias; 192 bytes (the struct is 64-byte aligned for the map)."""
+    tmap = tensor_map(int(c_ptr), out_dtype, int(m), int(n), int(ldc), 64, 64)
+    return tmap + _TMA_STORE_TAIL.pack(int(c_ptr), int(ldc), int(bias_ptr), int(bias_kind), 0) + bytes(32)
+
+
+def epilogue_params(epilogue: str, c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bias_ptr: int = 0,
+                    bias_kind: int = BIAS_NONE) -> bytes:
+    if epilogue == "rawflux::TmaStore":
+        return tma_store_params(c_ptr, m, n, ldc, out_dtype, bias_ptr, bias_kind)
+    return local_store_params(c_ptr, ldc, bias_ptr, bias_kind)
 
 def bias_args(bias, n: int, dt: DType, dev: int, stream: int, *, like: str = "a", device_owner: str = "the group",
               align: int = 4, op: str = ""):
@@ -327,7 +375,8 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
     name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
     kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
-    plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), t.threads, t.cluster_size, t.smem_bytes, params,
+    smem = launch_smem_bytes(t, epilogue, out_dtype)
+    plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), t.threads, t.cluster_size, smem, params,
                  (t.bm // t.cluster_n, tune.BK), box_b, (m, n, k), b_layout, _TMAP_CODE[dtype])
     with _plans_lock:
         if len(_plans) > 4096:
@@ -429,7 +478,9 @@ class _Fast:
     ldc: int
     out_shape: tuple[int, int]
     out_dtype: object  # the framework's dtype for a new output
+    plan_out_dtype: DType  # the same as rawflux's DType (C's tensor map)
     bias_kind: int
+    epilogue: str  # the plan's epilogue policy (its params are rebuilt per output pointer)
     spans: tuple[int, int, int, int]  # bytes covered by a, b, out, bias
     stream: int  # the plan's split-K workspace belongs to this stream
 
@@ -497,7 +548,8 @@ def _fast_call(fw, f: _Fast, a, b, bias, out):
     c1 = pc + sc
     if (pc < pa + sa and pa < c1) or (pc < pb + sb and pb < c1) or (pbias and pc < pbias + sbias and pbias < c1):
         return None  # out overlaps an input: the validated path raises
-    epi = _LOCAL_STORE.pack(pc, pbias, f.ldc, f.bias_kind, 0)
+    m, n = f.out_shape
+    epi = epilogue_params(f.epilogue, pc, m, n, f.ldc, f.plan_out_dtype, pbias, f.bias_kind)
     _launch_plan(f.plan, pa, pb, f.lda, f.ldb, stream, NOWAIT_PARAMS, epi)
     return out
 
@@ -572,11 +624,13 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
         raise ValueError(f"config tile {config.tile.tag()} is not a compiled variant for layout {b_layout!r}")
     _check_arch(dev)
     lda, ldb = ta.strides[0] if m > 1 else k, tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-    epi = local_store_params(tc.ptr, tc.strides[0] if m > 1 else n, bias_ptr, bias_kind)
+    ldc = tc.strides[0] if m > 1 else n
+    epilogue = plain_epilogue(od)
+    epi = epilogue_params(epilogue, tc.ptr, m, n, ldc, od, bias_ptr, bias_kind)
 
     def launch_with(cfg: GemmConfig) -> None:
         launch_gemm(cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=ta.dtype, b_layout=b_layout, out_dtype=od,
-                    epilogue_params=epi, stream=s, device_id=dev, lda=lda, ldb=ldb)
+                    epilogue_params=epi, stream=s, device_id=dev, lda=lda, ldb=ldb, epilogue=epilogue)
 
     cfg = config or pick_config(m, n, k, ta.dtype, b_layout, od, dev, timer=_timer(launch_with, s, dev))
     launch_with(cfg)
@@ -584,13 +638,13 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
     entry = None
     if ta.framework == tb.framework == tc.framework and ta.framework in ("torch", "cupy") and tc.wrap_to is None:
         plan = _plan(cfg, m, n, k, ta.dtype, b_layout, od, s, dev, "gemm.cu", "rawflux::TileSched", "rawflux::NoWait",
-                     "rawflux::LocalStore", 1, 0)
+                     epilogue, 1, 0)
         if ta.framework == "torch":
             import torch
 
             new_dtype = getattr(torch, od.torch_name)
         else:
             new_dtype = od.np
-        entry = _Fast(plan, lda, ldb, tc.strides[0] if m > 1 else n, (m, n), new_dtype, bias_kind,
+        entry = _Fast(plan, lda, ldb, ldc, (m, n), new_dtype, od, bias_kind, epilogue,
                       (_span(ta), _span(tb), _span(tc), _span(tbias) if tbias is not None else 0), s)
     return res, entry

@@ -435,9 +435,10 @@ class GemmRS(CollectiveOp):
         """World 1: the plain GEMM (the configuration rawflux.gemm would pick) into out."""
         m, n, k, dt = ta.shape[0], self.n, self.k, self.dtype
         cfg = self.config or _gemm.pick_config(m, n, k, dt, self.b_layout, dt, self.device_id)
-        epi = _gemm.local_store_params(tc.ptr, n, bias_ptr, bias_kind)
+        epilogue = _gemm.plain_epilogue(dt)
+        epi = _gemm.epilogue_params(epilogue, tc.ptr, m, n, n, dt, bias_ptr, bias_kind)
         _gemm.launch_gemm(cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=dt, b_layout=self.b_layout, out_dtype=dt,
-                          epilogue_params=epi, stream=s, device_id=self.device_id, lda=lda, ldb=ldb)
+                          epilogue_params=epi, stream=s, device_id=self.device_id, lda=lda, ldb=ldb, epilogue=epilogue)
 
     def __repr__(self) -> str:
         return (f"<rawflux GemmRS rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "

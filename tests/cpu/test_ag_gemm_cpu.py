@@ -504,6 +504,7 @@ def fake_cuda(monkeypatch):
     plans = []
     monkeypatch.setattr(G, "_plan", lambda *a: plans.append(a) or plan)
     monkeypatch.setattr(G, "tensor_map", lambda ptr, *a: ("tmap", ptr) + a)
+    monkeypatch.setattr(G, "epilogue_params", lambda epilogue, c_ptr, *a: (epilogue, c_ptr) + a)
     monkeypatch.setattr(G, "_launch", lambda kern, grid, threads, cluster, smem, s, args, pdl=False: log.append(
         ("launch", kern.name.split("::")[-1], s, grid, args) + (("pdl",) if pdl else ())))
     yield log, plans

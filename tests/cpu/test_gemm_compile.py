@@ -59,8 +59,30 @@ def test_heuristic_picks_compiled_variants():
 
 def test_kernel_name_matches_registry():
     t = next(iter(tune.TILES))
-    name = g.kernel_name(t, DType.BF16, DType.BF16, "nk")
-    assert any(v.name_expr == name for v in GEMM_VARIANTS)
+    for od in (DType.BF16, DType.F32):
+        name = g.kernel_name(t, DType.BF16, od, "nk", epilogue=g.plain_epilogue(od))
+        assert any(v.name_expr == name for v in GEMM_VARIANTS)
+    assert g.plain_epilogue(DType.BF16) == "rawflux::TmaStore" and g.plain_epilogue(DType.F32) == "rawflux::LocalStore"
+
+
+def test_tma_store_scratch_and_params():
+    """TmaStore's staging buffers (mirroring TmaStore::bufs / kScratchOffset in policies.cuh) fit
+    the 227 KB with the tile's ring, and its params are the 192-byte struct with the map first."""
+    for t in tune.TILES:
+        for od in (DType.BF16, DType.F16, DType.F32):
+            scratch = g.epilogue_scratch_bytes(t, g.plain_epilogue(od), od)
+            smem = g.launch_smem_bytes(t, g.plain_epilogue(od), od)
+            assert scratch % (64 * 128 * t.consumers) == 0 and smem <= tune.SMEM_PER_CTA
+            assert (scratch == 0) == (smem == t.smem_bytes)
+            if od == DType.F32:
+                assert scratch == 0
+    big = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+    assert g.epilogue_scratch_bytes(big, "rawflux::TmaStore", DType.BF16) == 2 * 2 * 8192  # two boxes per warpgroup
+    assert g.epilogue_scratch_bytes(big, "rawflux::LocalStore", DType.BF16) == 0
+    wide = next(t for t in tune.TILES if t.bn == 320)
+    assert g.epilogue_scratch_bytes(wide, "rawflux::TmaStore", DType.BF16) == 0  # the ring fills shared memory
+    # The map itself needs the driver (GPU tests); the fields after it: c, ldc, bias, bias_kind, pad.
+    assert g._TMA_STORE_TAIL.size == 32 and 128 + g._TMA_STORE_TAIL.size + 32 == 192
 
 
 def test_config_tags_round_trip():
@@ -81,3 +103,32 @@ def test_wide_tile_is_nk_only_and_two_wgmma_per_step():
         assert t.bn // t.cluster_m <= 256  # the TMA box of B (one CTA's multicast slice) spans <= 256 rows
     sass_hint = [v for v in GEMM_VARIANTS if "GemmCfg<128,320," in v.name_expr]
     assert len(sass_hint) == 4  # bf16/f16 x 16-bit/f32 out, nk only
+
+
+def _epilogue_layout_asserts() -> str:
+    """NVRTC static_asserts: the host's packing of LocalStore / TmaStore params matches the structs."""
+    tail = ("c", "ldc", "bias", "bias_kind", "pad")  # g._TMA_STORE_TAIL, after the 128-byte map
+    sizes = {"Q": 8, "q": 8, "i": 4}
+    lines = ['#include "rawflux/gemm/policies.cuh"', "namespace rawflux {",
+             'static_assert(sizeof(TmaStore::Params) == 192 && alignof(TmaStore::Params) == 64, "TmaStore size");',
+             'static_assert(__builtin_offsetof(TmaStore::Params, tmap_c) == 0, "TmaStore.tmap_c");',
+             f'static_assert(sizeof(LocalStore::Params) == {g._LOCAL_STORE.size}, "LocalStore size");']
+    off = 128
+    for name, code in zip(tail, g._TMA_STORE_TAIL.format.lstrip("<")):
+        lines.append(f'static_assert(__builtin_offsetof(TmaStore::Params, {name}) == {off}, "TmaStore.{name}");')
+        off += sizes[code]
+    off = 0
+    for name, code in zip(("c", "bias", "ldc", "bias_kind", "pad"), g._LOCAL_STORE.format.lstrip("<")):
+        lines.append(f'static_assert(__builtin_offsetof(LocalStore::Params, {name}) == {off}, "LocalStore.{name}");')
+        off += sizes[code]
+    lines += ["}  // namespace rawflux", "__global__ void epilogue_layout_probe() {}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_epilogue_param_structs_match_cuda():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    compile_cubin(_epilogue_layout_asserts(), arch="sm_90a")
+    broken = _epilogue_layout_asserts().replace("TmaStore::Params, bias) == 144", "TmaStore::Params, bias) == 152")
+    assert broken != _epilogue_layout_asserts()
+    with pytest.raises(Exception, match="TmaStore.bias"):
+        compile_cubin(broken, arch="sm_90a")

@@ -260,3 +260,40 @@ def test_fast_path_rechecks_pointers(rf):
     big = _rand((2 * m, n), "bf16", 11)
     with pytest.raises(ValueError, match="overlap"):
         rf.gemm(big[:m], w, out=big[m // 2: m // 2 + m])
+
+
+def test_tma_store_matches_register_path_and_stays_in_bounds(rf):
+    """16-bit C goes through shared memory and TMA stores (TmaStore), f32 C from registers: rounding
+    the f32 result gives the same bits, for every tile (1, 2 or no staging buffers), with and
+    without split-K, ragged m and n, bias, and many tiles per CTA (staging buffers reused across
+    tiles). C is a block of rows inside a larger poisoned buffer: the rows around it stay untouched
+    (the tensor map clips each box at m and n)."""
+    from rawflux import tune
+
+    for t in tune.TILES:
+        for layout in ("nk", "kn"):
+            if not t.supports(layout):
+                continue
+            for splits, ctas in ((1, 5), (3, 0)):
+                m, n, k = 2 * t.bm * 3 + 37, 3 * t.bn + 72, 328
+                seed = random.randrange(1 << 30)
+                dtype = random.choice(["bf16", "f16"])
+                a = _rand((m, k), dtype, seed)
+                w = _rand((n, k), dtype, seed + 1)
+                b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+                bvec = _rand((n,), dtype, seed + 2)
+                cfg = tune.GemmConfig(t, splits=splits, group=2, ctas=ctas)
+                big = _poisoned((m + 5, n), dtype)
+                out = big[2:2 + m]
+                rf.gemm(a, b, b_layout=layout, bias=bvec, out=out, config=cfg)
+                c32 = rf.gemm(a, b, b_layout=layout, bias=bvec, out_dtype="f32", config=cfg)
+                cupy.cuda.get_current_stream().synchronize()
+                raw = big.view(cupy.uint16)
+                poison = _NAN_BITS[dtype][1]
+                assert bool(cupy.all(raw[:2] == poison)) and bool(cupy.all(raw[2 + m:] == poison)), (
+                    f"{t.tag()} {layout} splits={splits}: rows outside C were written")
+                want = _from_f32(c32, dtype).view(cupy.uint16)
+                diff = int(cupy.count_nonzero(out.view(cupy.uint16) != want))
+                assert diff == 0, f"{t.tag()} {layout} {dtype} splits={splits}: {diff} of {m * n} outputs differ from the rounded f32 path"
+                ref = _f64(a) @ _f64(w).T + _f64(bvec)[None, :]
+                assert _rel(out, ref) < 1e-2

@@ -117,6 +117,12 @@ struct ScatterStore {
       signal_set(reinterpret_cast<u32*>(flags[o]) + index, epoch);
     }
   }
+
+  template <class Cfg>
+  static constexpr int scratch_bytes() { return 0; }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params&, u32) {}
 };
 
 }  // namespace rawflux

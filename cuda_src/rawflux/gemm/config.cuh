@@ -38,6 +38,12 @@ struct GemmParams {
 // 1: the two consumer warpgroups take turns issuing their per-stage wgmma groups (named barriers;
 // see the main loop). Measured 2026-11-29: +8 points of cuBLAS in the bare wgmma loop, +2 in full.
 constexpr bool kOrderedIssue = RAWFLUX_ORDERED_ISSUE != 0;
+#ifndef RAWFLUX_TMA_STORE_BUFS
+#define RAWFLUX_TMA_STORE_BUFS 2
+#endif
+// Most staging buffers per consumer warpgroup for the TmaStore epilogue (policies.cuh); 0 stores
+// C from registers as LocalStore does (A/B). The host reserves shared memory for 2 regardless.
+constexpr int kTmaStoreBufsMax = RAWFLUX_TMA_STORE_BUFS;
 #ifndef RAWFLUX_PROBE
 #define RAWFLUX_PROBE 0
 #endif

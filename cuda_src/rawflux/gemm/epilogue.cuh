@@ -13,6 +13,7 @@ struct TileCoord {
   i32 row0, col0;      // C coordinates of this warpgroup's fragment origin (64 x kWN)
   u32 tid;             // thread index inside the consumer warpgroup (0..127)
   u32 consumer;        // consumer warpgroup index (0..kConsumers-1)
+  u32 scratch;         // shared-window address of the epilogue's scratch (Epilogue::scratch_bytes), 1024-aligned
 };
 
 // Accumulator fragment layout of wgmma m64nNk16 with fp32 accumulators (see ptx/wgmma.cuh).

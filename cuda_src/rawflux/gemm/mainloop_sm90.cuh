@@ -110,11 +110,13 @@ RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
-                const typename Prologue::Params pro, const typename Epilogue::Params epi) {
+                const typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi) {
   using SchedT = typename Sched::template type<Cfg>;
   constexpr int kStages = Cfg::kStages;
   constexpr bool kCluster = Cfg::kClusterSize > 1;
-
+  // Shared memory: the stage ring, the barriers, then (from the next 1024-byte boundary) the
+  // epilogue's scratch; the barriers sit where they sit without scratch, so the pointers the
+  // roles keep are the same as for any epilogue. Launched with scratch_smem_bytes<Cfg, Epilogue>().
   extern __shared__ u8 smem_raw[];
   u8* smem = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
   u8* smem_a = smem;
@@ -146,10 +148,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------------------------------------------------------- producer
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
+      // The ring's addresses derived afresh here: a pointer kept from before setmaxnreg would be
+      // spilled (the producer runs in 40 registers).
+      u8* smem = ptx::opaque(smem_raw) + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
+      u8* smem_a = smem;
+      u8* smem_b = smem + kStages * Cfg::kStageABytes;
+      u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
+      u64* empty = full + kStages;
       const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
       const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
-      const i32 num_clusters = kCluster ? (i32)ptx::cluster_count_x() : (i32)gridDim.x;
-      SchedT sched(p, cluster_id, num_clusters, (i32)cta_rank);
+      SchedT sched(p, cluster_id, (i32)cta_rank);
       WorkTile w;
       u32 stage = 0, phase = 0;
       // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
@@ -211,10 +219,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const u32 consumer = threadIdx.x / 128 - 1;
     const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
     const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
-    const i32 num_clusters = kCluster ? (i32)ptx::cluster_count_x() : (i32)gridDim.x;
     const u32 wm = consumer / Cfg::kWgN, wn = consumer % Cfg::kWgN;
     const u32 lane = tid % 32;
-    SchedT sched(p, cluster_id, num_clusters, (i32)cta_rank);
+    SchedT sched(p, cluster_id, (i32)cta_rank);
     WorkTile w;
     u32 stage = 0, phase = 0;
     float acc[Cfg::kAccRegs];
@@ -256,9 +263,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // previous group and issues its next (issued together, both groups end together and the pipe
     // drains while both reissue). Warpgroup c waits for its turn on barrier kIssueBarrierBase + c;
     // the other arrives there once it has issued.
-    // Not for two wgmma chunks per k16 step (BN 320): ptxas then runs out of registers and
-    // serializes the wgmma (C7512).
-    constexpr bool kOrdered = kOrderedIssue && Cfg::kConsumers == 2 && Cfg::kWgmmaChunks == 1;
+    constexpr bool kOrdered = kOrderedIssue && Cfg::kConsumers == 2;
     constexpr u32 kTurnThreads = 128 * Cfg::kConsumers;
     // Turns order wgmma issue only; the data the wgmma read is ordered by the stage barriers.
     auto wait_turn = [&] {
@@ -310,6 +315,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.col0 = w.tile_n * Cfg::kBN + (i32)wn * Cfg::kWN;
       tc.tid = tid;
       tc.consumer = consumer;
+      tc.scratch = ptx::smem_u32(smem_a) + kScratchOffset<Cfg>;  // from smem_a: no extra pointer lives across setmaxnreg
       bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n && !((kProbe & 1) && p.k_blocks > 0);
       if (p.splits > 1 && do_store) do_store = splitk_fixup<Cfg>(p, acc, w, consumer, tid);
       if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
@@ -318,9 +324,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Epilogue::template tile_done<Cfg>(epi, p, tc);
       }
     }
-    if constexpr (kOrdered) {
-      if (consumer == 0) wait_turn();  // consumes warpgroup 1's last hand-over: the barrier ends balanced
-    }
+    Epilogue::template finish<Cfg>(epi, tid);
+  }
+  if constexpr (kOrderedIssue && Cfg::kConsumers == 2) {
+    // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,
+    // outside the consumer branch: inside it, ptxas runs out of registers for the 128x320 tile
+    // and serializes its wgmma, C7512.)
+    if (threadIdx.x / 128 == 1) ptx::named_barrier_sync_c<kIssueBarrierBase, 128 * Cfg::kConsumers>();
   }
 
   if constexpr (kCluster) {

@@ -17,11 +17,24 @@
 //     template <class Cfg> static __device__ void store(const Params&, const GemmParams&,
 //                            float (&acc)[Cfg::kAccRegs], const TileCoord&);   // every consumer thread
 //     template <class Cfg> static __device__ void tile_done(const Params&, const GemmParams&, const TileCoord&);
+//     template <class Cfg> static constexpr int scratch_bytes();   // shared memory it needs (tc.scratch)
+//     template <class Cfg> static __device__ void finish(const Params&, u32 tid);  // every consumer
+//                            // thread, once, after its last tile (drain asynchronous stores)
 //   };
+// Params is a __grid_constant__ kernel parameter: a TensorMap member is usable by TMA in place.
 #pragma once
 #include "rawflux/gemm/epilogue.cuh"
+#include "rawflux/ptx/tma.cuh"
 
 namespace rawflux {
+
+// An epilogue's scratch starts at this offset from the 1024-aligned shared base (past the stage
+// ring and its barriers), and the kernel's dynamic shared memory is then
+// kScratchOffset + scratch + 1024 (alignment slack). rawflux/ops/gemm.py mirrors both.
+template <class Cfg>
+constexpr int kScratchOffset = Cfg::kStages * Cfg::kStageBytes + 1024;
+template <class Cfg>
+constexpr int kScratchFree = 232448 - 1024 - kScratchOffset<Cfg>;
 
 // Named barrier ids: 0 is __syncthreads'; 1 spans the consumer warpgroups (tile_done hook);
 // 2 + c is consumer warpgroup c alone (split-K fix-up).
@@ -57,6 +70,94 @@ struct LocalStore {
 
   template <class Cfg>
   static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
+
+  template <class Cfg>
+  static constexpr int scratch_bytes() { return 0; }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params&, u32) {}
+};
+
+// Plain GEMM, 16-bit C through shared memory and TMA stores: each consumer warpgroup writes its
+// 64 x kWN fragment in 64-column boxes (stmatrix into a 128-byte-swizzled staging buffer, then one
+// bulk tensor store per box, clipped at C's bounds by the tensor map) and goes back to the main loop
+// while the TMA engine drains the boxes. kBufs staging buffers per warpgroup, as many as the shared
+// memory left over by the stage ring allows; with none (a ring that fills shared memory), the
+// fragment is stored from registers as LocalStore does.
+struct TmaStore {
+  struct Params {
+    TensorMap tmap_c;  // C: 16-bit, (m, n) row-major, boxes of 64 rows x 64 columns, 128-byte swizzle
+    u64 c;             // C base pointer and row stride (elements), for the register path
+    i64 ldc;
+    u64 bias;          // (n,) bias or 0
+    i32 bias_kind;     // epi::kBiasNone / kBiasIn16 / kBiasF32
+    i32 pad;
+  };
+  static constexpr bool kTileBarrier = false;
+  static constexpr int kBoxBytes = 64 * 128;  // 64 rows x 64 16-bit columns
+
+  template <class Cfg>
+  static constexpr int bufs() {
+    if (Cfg::kOut == kTypeF32 || Cfg::kWN % 64 != 0) return 0;
+    constexpr int kFree = kScratchFree<Cfg>;
+    constexpr int kFit = kFree >= 2 * kBoxBytes * Cfg::kConsumers ? 2 : kFree >= kBoxBytes * Cfg::kConsumers ? 1 : 0;
+    return kFit < kTmaStoreBufsMax ? kFit : kTmaStoreBufsMax;
+  }
+
+  template <class Cfg>
+  static constexpr int scratch_bytes() { return bufs<Cfg>() * kBoxBytes * Cfg::kConsumers; }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void store(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
+    if (ep.bias_kind != epi::kBiasNone) {
+      epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);
+    }
+    constexpr int kBufs = bufs<Cfg>();
+    if constexpr (kBufs == 0) {
+      epi::store_fragment<Cfg::kOut>(reinterpret_cast<void*>(ep.c), ep.ldc, acc, tc.row0, tc.col0, p.m, p.n, tc.tid);
+    } else {
+      constexpr bool kF16 = Cfg::kOut == kTypeF16;
+      const u32 bar = kWarpgroupBarrierBase + tc.consumer;
+      const u32 warp = tc.tid / 32, lane = tc.tid % 32;
+      // This lane's stmatrix row: matrix lane / 8 of each x4 (upper / lower 8 rows of the warp's
+      // 16, then the next n8 block), row lane % 8 of it.
+      const u32 half = (lane / 8) % 2, next_block = lane / 16;
+      const u32 row = 16 * warp + 8 * half + lane % 8;  // in the warpgroup's 64-row fragment
+      const u32 row_addr = tc.scratch + tc.consumer * kBufs * kBoxBytes + row * 128;
+#pragma unroll
+      for (int c = 0; c < Cfg::kWN / 64; ++c) {
+        const u32 buf = (u32)((c % kBufs) * kBoxBytes);
+        // The store that last read this buffer (kBufs boxes ago, maybe in the previous tile) is done
+        // reading it: thread 0 issued it, the barrier tells the others.
+        if (tc.tid == 0) ptx::bulk_wait_read<kBufs - 1>();
+        ptx::named_barrier_sync(bar, 128);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int jb = 8 * c + 2 * q;  // n8 blocks jb, jb + 1 of the fragment
+          const u32 unit = (u32)(2 * q) + next_block;  // 16-byte unit in the box's 128-byte row
+          ptx::stmatrix_x4(row_addr + buf + ((unit ^ (row & 7u)) << 4),  // 128-byte swizzle, as the tensor map
+                           ptx::pack2<kF16>(acc[4 * jb + 0], acc[4 * jb + 1]), ptx::pack2<kF16>(acc[4 * jb + 2], acc[4 * jb + 3]),
+                           ptx::pack2<kF16>(acc[4 * jb + 4], acc[4 * jb + 5]), ptx::pack2<kF16>(acc[4 * jb + 6], acc[4 * jb + 7]));
+        }
+        ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
+        ptx::named_barrier_sync(bar, 128);
+        if (tc.tid == 0) {
+          ptx::tma_store_2d(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
+          ptx::bulk_commit();
+        }
+      }
+    }
+  }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params&, u32 tid) {
+    if constexpr (bufs<Cfg>() > 0) {
+      if (tid == 0) ptx::bulk_wait_all();  // C's boxes written before the CTA ends
+    }
+  }
 };
 
 }  // namespace rawflux

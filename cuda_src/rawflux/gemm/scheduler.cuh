@@ -9,6 +9,7 @@
 // `seg_count` equal row segments and wrap around; seg_count = 1 is the plain order.
 #pragma once
 #include "rawflux/gemm/config.cuh"
+#include "rawflux/ptx/mbarrier.cuh"
 
 namespace rawflux {
 
@@ -21,13 +22,16 @@ struct WorkTile {
 
 template <class Cfg>
 struct TileSchedT {
-  // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params on
-  // each call, which keeps the consumer warpgroups' register budget for the accumulators.
-  i32 unit, stride;
+  // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
+  // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
+  // for the accumulators and the producer within its 40 (a stride kept in a register was spilled).
+  i32 unit;
   u32 cta_rank;
 
-  RAWFLUX_DEVICE TileSchedT(const GemmParams&, i32 cluster_id, i32 num_clusters, i32 rank)
-      : unit(cluster_id), stride(num_clusters), cta_rank((u32)rank) {}
+  RAWFLUX_DEVICE TileSchedT(const GemmParams&, i32 cluster_id, i32 rank) : unit(cluster_id), cta_rank((u32)rank) {}
+
+  // Units advance by the number of clusters in the grid (CTAs without clusters).
+  static RAWFLUX_DEVICE i32 stride() { return Cfg::kClusterSize > 1 ? (i32)ptx::cluster_count_x() : (i32)ptx::grid_dim_x(); }
 
   RAWFLUX_DEVICE bool next(const GemmParams& p, WorkTile& w) {
     const i32 ctiles_m = (p.tiles_m + Cfg::kClusterM - 1) / Cfg::kClusterM;
@@ -66,7 +70,7 @@ struct TileSchedT {
     w.kb_begin = split * p.kb_per_split;
     w.kb_end = min(p.k_blocks, w.kb_begin + p.kb_per_split);
     w.tile_linear = w.tile_m * p.tiles_n + w.tile_n;
-    unit += stride;
+    unit += stride();
     return true;
   }
 };

@@ -13,6 +13,14 @@ RAWFLUX_DEVICE u32 smem_u32(const void* p) {
   return (u32)a;
 }
 
+// The same pointer, opaque to the optimizer: values derived from it are computed where they are
+// used instead of being kept live from an earlier computation.
+template <class T>
+RAWFLUX_DEVICE T* opaque(T* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+
 RAWFLUX_DEVICE u64 globaltimer_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -22,6 +30,13 @@ RAWFLUX_DEVICE u64 globaltimer_ns() {
 RAWFLUX_DEVICE u32 cluster_ctarank() {
   u32 r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// gridDim.x read where it is used (volatile: not hoisted into a register that lives across a loop).
+RAWFLUX_DEVICE u32 grid_dim_x() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(r));
   return r;
 }
 

@@ -39,5 +39,37 @@ RAWFLUX_DEVICE void tma_load_2d_multicast(void* dst, const TensorMap* map, u64* 
       : "memory");
 }
 
+// Shared -> global: the box at (c0 = inner, c1 = outer) from shared address src_smem in this CTA,
+// clipped at the tensor's bounds, in this thread's bulk async-group.
+RAWFLUX_DEVICE void tma_store_2d(const TensorMap* map, u32 src_smem, i32 c0, i32 c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(reinterpret_cast<u64>(map)),
+               "r"(src_smem), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Closes this thread's bulk async-group of the stores issued since the last commit.
+RAWFLUX_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most kPending of this thread's bulk groups still read their shared source.
+template <int kPending>
+RAWFLUX_DEVICE void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until all of this thread's bulk groups are complete (their global writes performed).
+RAWFLUX_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA) reads.
+RAWFLUX_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Four 8x8 b16 matrices to shared memory: lane l gives row l % 8 of matrix l / 8 at `row_addr`;
+// register i holds this lane's pair (row l / 4, columns 2 (l % 4), +1) of matrix i (the mma
+// accumulator layout of one n8 block, packed to 16 bits).
+RAWFLUX_DEVICE void stmatrix_x4(u32 row_addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(row_addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
 }  // namespace ptx
 }  // namespace rawflux
