@@ -157,6 +157,10 @@ class DeviceInfo:
         return 60e9  # what one SM's TMA pipeline pulled in the small-m sweeps (~55-65 GB/s)
 
     @property
+    def fixup_bytes_per_s(self) -> float:
+        return 16e9  # one SM's split-K partial traffic (fit to the sweeps of 2026-11-29 session 5)
+
+    @property
     def dram_bytes_per_s(self) -> float:
         return 3.4e12  # streaming reads with every SM pulling (cuBLAS reaches ~3.35 TB/s at m = 64)
 
@@ -200,7 +204,8 @@ def split_plan(k: int, splits: int) -> tuple[int, int, int]:
 
 def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
     """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
-    bytes one SM can pull (L2 -> SM), the whole against the DRAM time of the unique bytes."""
+    bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
+    unique bytes."""
     t = cfg.tile
     kb, per, splits = split_plan(k, cfg.splits)
     tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
@@ -213,6 +218,10 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     # Bytes one CTA pulls per unit (multicast slices count once per cluster).
     unit_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0 * per
     t_unit = max(unit_flops / rate, unit_bytes / dev.sm_pull_bytes_per_s) + 2e-6  # + fill, epilogue
+    if splits > 1:
+        # Split-K fix-up, after the unit's main loop and not overlapped with it: the fp32 partial
+        # written, and (by the last split) every split's partial read back.
+        t_unit += (1 + splits) * t.bm * t.bn * 4.0 / dev.fixup_bytes_per_s
     # DRAM: each operand once (L2 reuse inside a wave), C once, split-K partials written and read.
     nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n
     if splits > 1:

@@ -57,6 +57,21 @@ def test_heuristic_picks_compiled_variants():
                 assert 1 <= grid <= sms and grid % cfg.tile.cluster_size == 0
 
 
+def test_model_charges_the_split_k_fix_up():
+    """Split-K's fix-up (fp32 partials out and back, after the main loop) costs time per unit: at
+    m = 256, n = k = 8192 on an H200 the unsplit 128x128 tile measured 62 us and 128x256 (cluster
+    2x1) split in two 72 us (benchmarks/results/gemm-variants-2026-11-29-s5/r4-sweep-full-grid.json),
+    and the model must rank them so; splitting still wins where a k1 grid is a fraction of a wave."""
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
+    big = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+    small = next(t for t in tune.TILES if (t.bm, t.bn) == (128, 128))
+    assert tune.estimate_us(256, 8192, 8192, tune.GemmConfig(small, 1), dev) < tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 2), dev)
+    one = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 1), dev)
+    two = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 2), dev)
+    assert two > 0.5 * one + (1 + 2) * big.bm * big.bn * 4.0 / dev.fixup_bytes_per_s * 1e6 * 0.99
+    assert tune.heuristic(64, 8192, 28672, "nk", dev).splits > 1  # 64 x 8192: a k1 grid fills half the SMs
+
+
 def test_kernel_name_matches_registry():
     t = next(iter(tune.TILES))
     for od in (DType.BF16, DType.F32):
