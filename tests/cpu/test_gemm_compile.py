@@ -147,3 +147,33 @@ def test_epilogue_param_structs_match_cuda():
     assert broken != _epilogue_layout_asserts()
     with pytest.raises(Exception, match="TmaStore.bias"):
         compile_cubin(broken, arch="sm_90a")
+
+
+def _scratch_asserts() -> str:
+    """NVRTC static_asserts: the shared memory the host reserves for the epilogue's scratch
+    (ops.gemm.epilogue_scratch_bytes, launch_smem_bytes) is what the kernel's policy uses, for every
+    compiled tile and output type (a kernel using more than the launch reserved would write past it)."""
+    lines = ['#include "rawflux/gemm/policies.cuh"', "namespace rawflux {"]
+    for t in tune.TILES:
+        for dt in (DType.BF16, DType.F16):
+            for od in g.out_dtypes_for(dt):
+                cfg = g.kernel_name(t, dt, od, "nk").split("<", 1)[1].rsplit(", rawflux::TileSched", 1)[0]
+                epi = g.plain_epilogue(od)
+                want = g.epilogue_scratch_bytes(t, epi, od)
+                lines.append(f'static_assert({epi}::scratch_bytes<{cfg}>() == {want}, "{t.tag()} {od.tag} scratch");')
+                lines.append(f'static_assert(kScratchOffset<{cfg}> + {want} + 1024 <= {tune.SMEM_PER_CTA}, "{t.tag()} fits");')
+                if want:
+                    lines.append(f'static_assert(kScratchOffset<{cfg}> + {want} + 1024 == {g.launch_smem_bytes(t, epi, od)}, '
+                                 f'"{t.tag()} {od.tag} launch smem");')
+    lines += ["}  // namespace rawflux", "__global__ void scratch_probe() {}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_epilogue_scratch_matches_host():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    src = _scratch_asserts()
+    compile_cubin(src, arch="sm_90a")
+    broken = src.replace("scratch_bytes<rawflux::GemmCfg<128,256,64,4,2,1,2,0,0,0>>() == 32768", "scratch_bytes<rawflux::GemmCfg<128,256,64,4,2,1,2,0,0,0>>() == 16384")
+    assert broken != src
+    with pytest.raises(Exception, match="scratch"):
+        compile_cubin(broken, arch="sm_90a")
