@@ -114,9 +114,11 @@ def tma_store_params(c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bia
 
 def epilogue_params(epilogue: str, c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bias_ptr: int = 0,
                     bias_kind: int = BIAS_NONE) -> bytes:
+    """The packed Params of the named epilogue policy (TmaStore or LocalStore) for C at c_ptr."""
     if epilogue == "rawflux::TmaStore":
         return tma_store_params(c_ptr, m, n, ldc, out_dtype, bias_ptr, bias_kind)
     return local_store_params(c_ptr, ldc, bias_ptr, bias_kind)
+
 
 def bias_args(bias, n: int, dt: DType, dev: int, stream: int, *, like: str = "a", device_owner: str = "the group",
               align: int = 4, op: str = ""):
