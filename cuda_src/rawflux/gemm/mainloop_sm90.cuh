@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kCluster = Cfg::kClusterSize > 1;
   // Shared memory: the stage ring, the barriers, then (from the next 1024-byte boundary) the
   // epilogue's scratch; the barriers sit where they sit without scratch, so the pointers the
-  // roles keep are the same as for any epilogue. Launched with scratch_smem_bytes<Cfg, Epilogue>().
+  // roles keep are the same as for any epilogue. The host's launch_smem_bytes (rawflux/ops/gemm.py)
+  // reserves it; tests/cpu checks the two agree for every tile.
   extern __shared__ u8 smem_raw[];
   u8* smem = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
   u8* smem_a = smem;
