@@ -50,6 +50,12 @@ class TileConfig:
         wg_m = self.bm // 64
         return self.bn // (self.consumers // wg_m)
 
+    @property
+    def stream_k_ok(self) -> bool:
+        """Stream-K is compiled where a warpgroup's fragment is one wgmma wide (N <= 256); the
+        128 x 320 tile's scheduler spilled with it (gemm/scheduler.cuh)."""
+        return self.wn <= 256
+
     def supports(self, b_layout: str) -> bool:
         # kn: B's shared tile is 64-column chunks and one wgmma spans a warpgroup's columns (<= 256)
         return b_layout == "nk" or (self.bn % 64 == 0 and self.wn % 64 == 0 and self.wn <= 256)
@@ -64,35 +70,39 @@ class GemmConfig:
     """A full launch configuration: tile + run-time choices."""
 
     tile: TileConfig
-    splits: int = 1  # split-K factor (fp32 workspace, last split reduces)
+    splits: int = 1  # split-K factor (fp32 workspace, last split reduces); 1 with stream_k
     group: int = 8  # raster group width in cluster tiles
     raster_n: bool = False  # False: groups of tile-rows walked along n
     ctas: int = 0  # persistent CTAs (0: every SM)
+    stream_k: bool = False  # the tiles past the last full wave cut into equal k runs per cluster (sk_plan)
 
     def tag(self) -> str:
-        return f"{self.tile.tag()}/k{self.splits}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
+        ks = "sk" if self.stream_k else f"k{self.splits}"
+        return f"{self.tile.tag()}/{ks}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
 
     def to_json(self) -> dict:
-        return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas}
+        return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas,
+                "stream_k": self.stream_k}
 
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
-        return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)))
+        return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)),
+                          bool(d.get("stream_k", False)))
 
 
 def parse_tag(tag: str) -> GemmConfig:
-    """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0'); the
-    tile must be one rawflux compiles."""
+    """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0', or
+    '.../sk/...' for stream-K); the tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)w(\d)/k(\d+)/g(\d+)([mn])/p(\d+)", tag.strip())
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)w(\d)/(?:k(\d+)|(sk))/g(\d+)([mn])/p(\d+)", tag.strip())
     if mt is None:
-        raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0')")
-    bm, bn, st, cm, cn, w, k, g, r, p = mt.groups()
+        raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0' or '.../sk/g8m/p0')")
+    bm, bn, st, cm, cn, w, k, sk, g, r, p = mt.groups()
     tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w))
     if tile not in TILES:
         raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in TILES)})")
-    return GemmConfig(tile, int(k), int(g), r == "n", int(p))
+    return GemmConfig(tile, 1 if sk else int(k), int(g), r == "n", int(p), bool(sk))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -202,11 +212,71 @@ def split_plan(k: int, splits: int) -> tuple[int, int, int]:
     return kb, per, _cdiv(kb, per)
 
 
+@dataclass(frozen=True)
+class SkPlan:
+    """Stream-K launch plan (cuda_src/rawflux/gemm/scheduler.cuh, StreamKSched)."""
+
+    clusters: int  # G: clusters in the grid, one k run of the stream-K line each
+    sk_tiles: int  # cluster tiles cut into k runs (the last of the raster order); 0: plain data-parallel
+    max_pieces: int  # most runs any tile is cut into: the workspace's depth per slot (GemmParams.splits)
+    pieces: int  # pieces in all tiles cut more than once (each writes an fp32 partial)
+    k_blocks: int
+
+    @property
+    def iters(self) -> int:
+        return self.sk_tiles * self.k_blocks
+
+
+def cluster_tiles(m: int, n: int, t: TileConfig) -> int:
+    return _cdiv(_cdiv(m, t.bm), t.cluster_m) * _cdiv(_cdiv(n, t.bn), t.cluster_n)
+
+
+def sk_pieces(tile: int, k_blocks: int, clusters: int, iters: int) -> tuple[int, int]:
+    """(first owner, pieces) of stream-K tile `tile`: the same integer formulas as the kernel's
+    scheduler (owner of iteration x = ((x + 1) * G - 1) // I)."""
+    first = ((tile * k_blocks + 1) * clusters - 1) // iters
+    last = ((tile + 1) * k_blocks * clusters - 1) // iters
+    return first, last - first + 1
+
+
+def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
+    """Which tiles run stream-K and how the grid cuts them. With W full waves and a partial one of
+    R tiles (G clusters), the last full wave and the partial one (G + R tiles) are cut into G equal
+    k runs, so every cluster ends at the same time; with no partial wave there is nothing to even
+    out (sk_tiles = 0). The kernel's unsigned arithmetic needs G * I < 2^31 (I = sk_tiles x k
+    blocks); beyond that the plan falls back to data-parallel."""
+    t = cfg.tile
+    kb = _cdiv(k, BK)
+    ctiles = cluster_tiles(m, n, t)
+    g = max(1, min(cfg.ctas or sms, sms) // t.cluster_size)
+    full, rem = divmod(ctiles, g)
+    sk = 0 if rem == 0 else (ctiles if full == 0 else g + rem)
+    if sk:
+        g = min(g, sk * kb)  # every cluster owns >= 1 iteration (only when the tiles are fewer than G)
+        if g * sk * kb >= 1 << 31:
+            sk = 0
+    if not sk:
+        return SkPlan(min(g, ctiles), 0, 1, 0, kb)
+    iters = sk * kb
+    most, pieces = 1, 0
+    for tile in range(sk):
+        _, c = sk_pieces(tile, kb, g, iters)
+        most = max(most, c)
+        if c > 1:
+            pieces += c
+    return SkPlan(g, sk, most, pieces, kb)
+
+
 def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
     """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
     bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
     unique bytes."""
     t = cfg.tile
+    if cfg.stream_k:
+        sp = sk_plan(m, n, k, cfg, dev.sms)
+        if sp.sk_tiles:
+            return _estimate_sk_us(m, n, k, cfg, dev, out_bytes, sp)
+        cfg = replace(cfg, stream_k=False, splits=1)
     kb, per, splits = split_plan(k, cfg.splits)
     tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
     ctiles = _cdiv(tm, t.cluster_m) * _cdiv(tn, t.cluster_n)
@@ -239,6 +309,29 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     return (total + t_fix) * 1e6
 
 
+def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int, sp: SkPlan) -> float:
+    """Stream-K: the data-parallel waves as estimate_us times them, then one stream-K phase in which
+    every cluster runs I / G k blocks and its fix-ups (it writes the partials of its first and last
+    piece, and the last piece of a tile to arrive reads the others back)."""
+    t = cfg.tile
+    rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)
+    kb_flops = 2.0 * t.bm * t.bn * BK
+    kb_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0
+    t_kb = max(kb_flops / rate, kb_bytes / dev.sm_pull_bytes_per_s)
+    ctiles = cluster_tiles(m, n, t)
+    g = sp.clusters
+    dp_waves = (ctiles - sp.sk_tiles) // g
+    nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n + 2.0 * 4 * sp.pieces * t.cluster_size * t.bm * t.bn
+    cut = [sk_pieces(i, sp.k_blocks, g, sp.iters)[1] for i in range(sp.sk_tiles)]
+    multi = [c for c in cut if c > 1]
+    writes = sp.pieces / g  # partials written per cluster
+    reads = (sum(multi) - len(multi)) / max(1, len(multi)) if multi else 0.0  # read by a tile's last piece
+    t_fix = (writes + reads) * t.bm * t.bn * 4.0 / dev.fixup_bytes_per_s
+    t_dp = dp_waves * (sp.k_blocks * t_kb + 2e-6)
+    t_sk = _cdiv(sp.iters, g) * t_kb + 2e-6 + t_fix
+    return max(t_dp + t_sk, nbytes / dev.dram_bytes_per_s) * 1e6
+
+
 def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
     out = []
     for t in tiles_for(b_layout):
@@ -252,6 +345,9 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
         for s in range(1, max_split + 1):
             for raster_n in (False, True):
                 out.append(GemmConfig(t, s, 8, raster_n))
+        if t.stream_k_ok and sk_plan(m, n, k, GemmConfig(t, stream_k=True), dev.sms).sk_tiles:
+            for raster_n in (False, True):
+                out.append(GemmConfig(t, 1, 8, raster_n, stream_k=True))
     return out
 
 
@@ -261,7 +357,7 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
     for cfg in candidates(m, n, k, b_layout, dev):
         if cfg.raster_n:
             continue
-        t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
+        t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1) + 0.01 * cfg.stream_k)
         if t < best_t - 1e-9:
             best, best_t = cfg, t
     assert best is not None

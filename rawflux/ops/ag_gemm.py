@@ -62,7 +62,7 @@ __all__ = ["AGGemm", "ag_gemm", "bench_variants", "cached_op", "clear_cache", "s
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
-SCHED = "rawflux::TileSched"
+SCHED = G.FUSED_SCHED
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
 LOCAL_THREADS = 256
@@ -353,7 +353,7 @@ class AGGemm(CollectiveOp):
                 self._params.clear()
             base = G.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
             ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
-            cfg = replace(base, splits=1, ctas=ctas)
+            cfg = replace(base, splits=1, stream_k=False, ctas=ctas)
             self._cfgs[m] = cfg
         return cfg
 
@@ -393,7 +393,7 @@ class AGGemm(CollectiveOp):
             cfg = self.config(m)
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
-            cfg = replace(config, splits=1, ctas=ctas)
+            cfg = replace(config, splits=1, stream_k=False, ctas=ctas)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
             self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)

@@ -21,7 +21,7 @@ from ..tune import GemmConfig, TileConfig
 
 __all__ = [
     "gemm", "launch_gemm", "kernel_name", "register_variants", "local_store_params", "tma_store_params", "epilogue_params",
-    "plain_epilogue", "NOWAIT_PARAMS",
+    "plain_epilogue", "NOWAIT_PARAMS", "PLAIN_SCHED", "FUSED_SCHED",
     "GemmConfig", "TileConfig", "pick_config", "GEMM_PARAMS",
 ]
 
@@ -30,7 +30,7 @@ _LAYOUT_CODE = {"nk": 0, "kn": 1}
 _TMAP_CODE = {DType.BF16: 9, DType.F16: 6}  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16
 
 # struct GemmParams (cuda_src/rawflux/gemm/config.cuh), same field order.
-GEMM_PARAMS = struct.Struct("<12i2Qq")
+GEMM_PARAMS = struct.Struct("<14i2Qq")
 # struct LocalStore::Params (policies.cuh): c, bias, ldc, bias_kind, pad.
 _LOCAL_STORE = struct.Struct("<QQqii")
 _TMA_STORE_TAIL = struct.Struct("<QqQii")  # after the 128-byte map: c, ldc, bias, bias_kind, pad
@@ -38,7 +38,13 @@ NOWAIT_PARAMS = struct.pack("<i", 0)
 BIAS_NONE, BIAS_IN16, BIAS_F32 = 0, 1, 2
 
 
-def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str, *, sched: str = "rawflux::TileSched",
+# Scheduler policies (gemm/scheduler.cuh): the plain GEMM's can split k (split-K, stream-K); the
+# fused ops' cannot (they pass splits = 1 and keep their epilogue hooks per whole tile).
+PLAIN_SCHED = "rawflux::StreamKSched"
+FUSED_SCHED = "rawflux::TileSched"
+
+
+def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str, *, sched: str = FUSED_SCHED,
                 prologue: str = "rawflux::NoWait", epilogue: str = "rawflux::LocalStore") -> str:
     """The NVRTC name expression of one gemm_kernel instantiation."""
     cfg = (
@@ -52,7 +58,7 @@ def out_dtypes_for(dtype: DType) -> tuple[DType, ...]:
     return (dtype, DType.F32)
 
 
-def register_variants(relpath: str = "gemm.cu", *, sched: str = "rawflux::TileSched", prologue: str = "rawflux::NoWait",
+def register_variants(relpath: str = "gemm.cu", *, sched: str = FUSED_SCHED, prologue: str = "rawflux::NoWait",
                       epilogue="rawflux::LocalStore", tiles=None, dtypes=(DType.BF16, DType.F16), layouts=("nk", "kn"),
                       out_dtypes=None) -> None:
     """Register every variant a heuristic or tuner can launch so ``python -m rawflux.check_kernels``
@@ -74,7 +80,7 @@ def plain_epilogue(out_dtype: DType) -> str:
     return "rawflux::LocalStore" if out_dtype == DType.F32 else "rawflux::TmaStore"
 
 
-register_variants(epilogue=plain_epilogue)
+register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
 
 # TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), up to two per consumer
 # warpgroup, in what shared memory the stage ring leaves (mirrors TmaStore::bufs in policies.cuh).
@@ -319,14 +325,20 @@ def _check_arch(device_id: int) -> tune.DeviceInfo:
 
 
 def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, seg_start: int = 0, workspace: int = 0,
-                counters: int = 0, timeout_ns: int | None = None) -> bytes:
+                counters: int = 0, timeout_ns: int | None = None, sms: int = 0) -> bytes:
+    """GemmParams for one launch; `sms` (the device's SM count) sizes a stream-K plan, whose runs
+    depend on the grid (grid_size with the same sms)."""
     t = cfg.tile
     kb, per, splits = tune.split_plan(k, cfg.splits)
+    sk_tiles = 0
+    if cfg.stream_k:
+        sp = tune.sk_plan(m, n, k, cfg, sms or 1)
+        kb, per, splits, sk_tiles = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
         m, n, k, -(-m // t.bm), -(-n // t.bn), kb, splits, per, max(1, cfg.group), int(cfg.raster_n),
-        max(1, seg_count), seg_start, workspace, counters, timeout_ns,
+        max(1, seg_count), seg_start, sk_tiles, 0, workspace, counters, timeout_ns,
     )
 
 
@@ -334,8 +346,10 @@ def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
     """Persistent CTAs: at most one per SM (or cfg.ctas), never more than there are units, a
     multiple of the cluster size."""
     t = cfg.tile
+    if cfg.stream_k:
+        return tune.sk_plan(m, n, k, cfg, sms).clusters * t.cluster_size
     _, _, splits = tune.split_plan(k, cfg.splits)
-    ctiles = -(-(-(-m // t.bm)) // t.cluster_m) * -(-(-(-n // t.bn)) // t.cluster_n)
+    ctiles = tune.cluster_tiles(m, n, t)
     ctas = min(cfg.ctas or sms, sms)
     clusters = max(1, min(ctas // t.cluster_size, ctiles * splits))
     return clusters * t.cluster_size
@@ -366,14 +380,22 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
     hit = _plans.get(key)
     if hit is not None:
         return hit
-    info = _check_arch(device_id)
     t = cfg.tile
+    if sched != PLAIN_SCHED and (cfg.splits > 1 or cfg.stream_k):
+        raise ValueError(f"{sched} does not split k: config {cfg.tag()} needs splits = 1 and no stream-K")
+    if cfg.stream_k and (cfg.splits != 1 or not t.stream_k_ok):
+        raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
+                         f"consumer warpgroup (tile {t.tag()} has {t.wn})")
+    info = _check_arch(device_id)
     ws = ctr = 0
     _, _, splits = tune.split_plan(k, cfg.splits)
+    slots = -(-m // t.bm) * -(-n // t.bn)  # split-K: one fix-up slot per CTA tile
+    if cfg.stream_k:
+        sp = tune.sk_plan(m, n, k, cfg, info.sms)
+        splits, slots = sp.max_pieces, sp.sk_tiles * t.cluster_size  # stream-K: per CTA tile of the stream-K tiles
     if splits > 1:
-        tiles = -(-m // t.bm) * -(-n // t.bn)
-        ws, ctr = _workspace(device_id, stream, tiles * splits * t.bm * t.bn * 4, tiles * t.consumers)
-    params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr)
+        ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, slots * t.consumers)
+    params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=info.sms)
     name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
     kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
@@ -389,13 +411,14 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
 
 def launch_gemm(cfg: GemmConfig, *, a_ptr: int, b_ptr: int, m: int, n: int, k: int, dtype: DType, b_layout: str,
                 out_dtype: DType, epilogue_params: bytes, stream: int, device_id: int, lda: int | None = None,
-                ldb: int | None = None, relpath: str = "gemm.cu", sched: str = "rawflux::TileSched",
+                ldb: int | None = None, relpath: str = "gemm.cu", sched: str = FUSED_SCHED,
                 prologue: str = "rawflux::NoWait", prologue_params: bytes = NOWAIT_PARAMS,
                 epilogue: str = "rawflux::LocalStore", seg_count: int = 1, seg_start: int = 0) -> None:
     """Launch one gemm_kernel instantiation on raw pointers. A: (m, k) row-major, pitch lda; B: (n, k)
     ("nk") or (k, n) ("kn") row-major, pitch ldb. The caller has checked shapes, alignment (16-byte
-    pointers and pitches) and n, k multiples of 8. Split-K (cfg.splits > 1) is for epilogues that
-    only store (LocalStore): the fused ops pass splits = 1. Launch-config, params and tensor maps
+    pointers and pitches) and n, k multiples of 8. Split-K (cfg.splits > 1) and stream-K need the
+    plain GEMM's scheduler (sched=PLAIN_SCHED) and an epilogue that only stores: the fused ops
+    pass splits = 1. Launch-config, params and tensor maps
     are cached, so a repeated call costs a few dictionary look-ups and the driver call."""
     p = _plan(cfg, m, n, k, dtype, b_layout, out_dtype, stream, device_id, relpath, sched, prologue, epilogue, seg_count, seg_start)
     _launch_plan(p, a_ptr, b_ptr, k if lda is None else lda, ldb, stream, prologue_params, epilogue_params)
@@ -632,14 +655,14 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
 
     def launch_with(cfg: GemmConfig) -> None:
         launch_gemm(cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=ta.dtype, b_layout=b_layout, out_dtype=od,
-                    epilogue_params=epi, stream=s, device_id=dev, lda=lda, ldb=ldb, epilogue=epilogue)
+                    epilogue_params=epi, stream=s, device_id=dev, lda=lda, ldb=ldb, sched=PLAIN_SCHED, epilogue=epilogue)
 
     cfg = config or pick_config(m, n, k, ta.dtype, b_layout, od, dev, timer=_timer(launch_with, s, dev))
     launch_with(cfg)
     res = wrap_output(ta, tc, stream=s)
     entry = None
     if ta.framework == tb.framework == tc.framework and ta.framework in ("torch", "cupy") and tc.wrap_to is None:
-        plan = _plan(cfg, m, n, k, ta.dtype, b_layout, od, s, dev, "gemm.cu", "rawflux::TileSched", "rawflux::NoWait",
+        plan = _plan(cfg, m, n, k, ta.dtype, b_layout, od, s, dev, "gemm.cu", PLAIN_SCHED, "rawflux::NoWait",
                      epilogue, 1, 0)
         if ta.framework == "torch":
             import torch

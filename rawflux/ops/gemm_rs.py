@@ -211,7 +211,7 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
     m_loc = m // world
     part_code, part_bytes, _ = PARTIALS[partials]
     cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, gemm_ctas, part_bytes)
-    cfg = replace(cfg, splits=1, raster_n=False, ctas=gemm_ctas)
+    cfg = replace(cfg, splits=1, stream_k=False, raster_n=False, ctas=gemm_ctas)
     t = cfg.tile
     tiles_n = _cdiv(n, t.bn)
     if _cdiv(m, t.bm) * tiles_n > tiles_cap:
@@ -438,7 +438,8 @@ class GemmRS(CollectiveOp):
         epilogue = _gemm.plain_epilogue(dt)
         epi = _gemm.epilogue_params(epilogue, tc.ptr, m, n, n, dt, bias_ptr, bias_kind)
         _gemm.launch_gemm(cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=dt, b_layout=self.b_layout, out_dtype=dt,
-                          epilogue_params=epi, stream=s, device_id=self.device_id, lda=lda, ldb=ldb, epilogue=epilogue)
+                          epilogue_params=epi, stream=s, device_id=self.device_id, lda=lda, ldb=ldb,
+                          sched=_gemm.PLAIN_SCHED, epilogue=epilogue)
 
     def __repr__(self) -> str:
         return (f"<rawflux GemmRS rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "

@@ -37,9 +37,26 @@ def test_smem_fits_and_stages():
         assert t.stages >= 4, t
 
 
+_GEMM_PARAM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n",
+                      "seg_count", "seg_start", "sk_tiles", "pad", "workspace", "counters", "timeout_ns")
+
+
 def test_params_layout():
-    assert g.GEMM_PARAMS.size == 72  # sizeof(GemmParams) in config.cuh
+    assert g.GEMM_PARAMS.size == 80  # sizeof(GemmParams) in config.cuh
     assert len(g.local_store_params(0x1000, 64)) == 32  # sizeof(LocalStore::Params)
+    pytest.importorskip("cuda.bindings.nvrtc")
+    sizes = {"i": 4, "Q": 8, "q": 8}
+    codes = "".join(c * int(n or 1) for n, c in __import__("re").findall(r"(\d*)([iQq])", g.GEMM_PARAMS.format))
+    assert len(codes) == len(_GEMM_PARAM_FIELDS)
+    lines = ['#include "rawflux/gemm/config.cuh"', "namespace rawflux {",
+             f'static_assert(sizeof(GemmParams) == {g.GEMM_PARAMS.size}, "GemmParams size");']
+    off = 0
+    for name, code in zip(_GEMM_PARAM_FIELDS, codes):
+        off = -(-off // sizes[code]) * sizes[code]
+        lines.append(f'static_assert(__builtin_offsetof(GemmParams, {name}) == {off}, "GemmParams.{name}");')
+        off += sizes[code]
+    lines += ["}  // namespace rawflux", "__global__ void params_probe() {}"]
+    compile_cubin("\n".join(lines) + "\n", arch="sm_90a")
 
 
 def test_heuristic_picks_compiled_variants():
@@ -69,13 +86,14 @@ def test_model_charges_the_split_k_fix_up():
     one = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 1), dev)
     two = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 2), dev)
     assert two > 0.5 * one + (1 + 2) * big.bm * big.bn * 4.0 / dev.fixup_bytes_per_s * 1e6 * 0.99
-    assert tune.heuristic(64, 8192, 28672, "nk", dev).splits > 1  # 64 x 8192: a k1 grid fills half the SMs
+    pick = tune.heuristic(64, 8192, 28672, "nk", dev)
+    assert pick.splits > 1 or pick.stream_k  # 64 x 8192: a k1 grid fills half the SMs
 
 
 def test_kernel_name_matches_registry():
     t = next(iter(tune.TILES))
     for od in (DType.BF16, DType.F32):
-        name = g.kernel_name(t, DType.BF16, od, "nk", epilogue=g.plain_epilogue(od))
+        name = g.kernel_name(t, DType.BF16, od, "nk", sched=g.PLAIN_SCHED, epilogue=g.plain_epilogue(od))
         assert any(v.name_expr == name for v in GEMM_VARIANTS)
     assert g.plain_epilogue(DType.BF16) == "rawflux::TmaStore" and g.plain_epilogue(DType.F32) == "rawflux::LocalStore"
 
@@ -102,7 +120,8 @@ def test_tma_store_scratch_and_params():
 
 def test_config_tags_round_trip():
     for t in tune.TILES:
-        for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, splits=3, group=4, raster_n=True, ctas=120)):
+        for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, splits=3, group=4, raster_n=True, ctas=120),
+                    tune.GemmConfig(t, group=2, stream_k=True)):
             assert tune.parse_tag(cfg.tag()) == cfg
     with pytest.raises(ValueError, match="not a gemm config tag"):
         tune.parse_tag("128x256/k1")
@@ -157,7 +176,7 @@ def _scratch_asserts() -> str:
     for t in tune.TILES:
         for dt in (DType.BF16, DType.F16):
             for od in g.out_dtypes_for(dt):
-                cfg = g.kernel_name(t, dt, od, "nk").split("<", 1)[1].rsplit(", rawflux::TileSched", 1)[0]
+                cfg = g.kernel_name(t, dt, od, "nk").split("<", 1)[1].rsplit(f", {g.FUSED_SCHED}", 1)[0]
                 epi = g.plain_epilogue(od)
                 want = g.epilogue_scratch_bytes(t, epi, od)
                 lines.append(f'static_assert({epi}::scratch_bytes<{cfg}>() == {want}, "{t.tag()} {od.tag} scratch");')

@@ -159,6 +159,44 @@ def test_every_tile_config(rf):
                 check(rf, 5, 520, 4104, layout=layout, config=cfg, dtype="f16", out_dtype="f32")
 
 
+STREAM_K_CASES = [
+    # (m, n, k, ctas): every tile cut into many runs; data-parallel waves + cut tiles on a small
+    # grid (runs spanning tiles); one k block per cluster (k = 72); ragged m, n and k.
+    (300, 968, 4104, 0),
+    (300, 968, 4104, 6),
+    (300, 968, 72, 0),
+    (1000, 2056, 1000, 20),
+]
+
+
+def test_stream_k_every_tile(rf):
+    """Stream-K on every tile that compiles it: the grids cut tiles into 1 to ~9 pieces, runs span
+    tiles, a small grid mixes data-parallel waves with cut tiles; against float64, with bias and f32
+    output; and each result repeats bitwise (pieces summed in k order, counters left at zero)."""
+    from rawflux import tune
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    for t in tune.TILES:
+        if not t.stream_k_ok:
+            continue
+        for layout in ("nk", "kn"):
+            if not t.supports(layout):
+                continue
+            for i, (m, n, k, ctas) in enumerate(STREAM_K_CASES):
+                cfg = tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=ctas, stream_k=True)
+                sp = tune.sk_plan(m, n, k, cfg, sms)
+                assert sp.sk_tiles > 0, f"{t.tag()} {(m, n, k, ctas)}: the case cuts no tile (a test that checks nothing)"
+                dtype = ("bf16", "f16")[i % 2]
+                check(rf, m, n, k, layout=layout, config=cfg, dtype=dtype, bias=dtype if i < 2 else "f32",
+                      out_dtype="f32" if i == 3 else None)
+                a = _rand((m, k), dtype, 11 + i)
+                w = _rand((n, k), dtype, 12 + i)
+                b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+                first = rf.gemm(a, b, b_layout=layout, config=cfg)
+                again = rf.gemm(a, b, b_layout=layout, config=cfg)
+                assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16))), f"{t.tag()} {layout}: not bitwise repeatable"
+
+
 def test_few_ctas_and_rotation(rf):
     """Persistent CTAs walking many tiles each, and the row-block rotation the fused ops use."""
     from rawflux import tune
@@ -274,7 +312,7 @@ def test_tma_store_matches_register_path_and_stays_in_bounds(rf):
         for layout in ("nk", "kn"):
             if not t.supports(layout):
                 continue
-            for splits, ctas in ((1, 5), (3, 0)):
+            for splits, ctas, sk in ((1, 5, False), (3, 0, False), (1, 0, t.stream_k_ok), (1, 6, t.stream_k_ok)):
                 m, n, k = 2 * t.bm * 3 + 37, 3 * t.bn + 72, 328
                 seed = random.randrange(1 << 30)
                 dtype = random.choice(["bf16", "f16"])
@@ -282,7 +320,7 @@ def test_tma_store_matches_register_path_and_stays_in_bounds(rf):
                 w = _rand((n, k), dtype, seed + 1)
                 b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
                 bvec = _rand((n,), dtype, seed + 2)
-                cfg = tune.GemmConfig(t, splits=splits, group=2, ctas=ctas)
+                cfg = tune.GemmConfig(t, splits=splits, group=2, ctas=ctas, stream_k=sk)
                 big = _poisoned((m + 5, n), dtype)
                 out = big[2:2 + m]
                 rf.gemm(a, b, b_layout=layout, bias=bvec, out=out, config=cfg)

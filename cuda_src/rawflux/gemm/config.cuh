@@ -24,8 +24,12 @@ struct GemmParams {
   i32 raster_n;          // 0: groups of `group` tile-rows walked down n; 1: groups of tile-columns walked down m
   i32 seg_count;         // row-block rotation: m is cut in seg_count equal segments ...
   i32 seg_start;         // ... and tile rows are visited from segment seg_start on, wrapping around
-  u64 workspace;         // split-K: fp32 partial tiles (see mainloop_sm90.cuh)
-  u64 counters;          // split-K: one u32 arrival counter per (tile, consumer warpgroup), zero between calls
+  i32 sk_tiles;          // stream-K (StreamKSched only): the last sk_tiles cluster tiles of the raster order
+                         // are cut into equal runs of k blocks, one run per cluster of the grid; 0 = none.
+                         // splits is then the most runs any tile is cut into (the workspace's slot depth).
+  i32 pad;
+  u64 workspace;         // split-K / stream-K: fp32 partial tiles (see splitk_fixup in mainloop_sm90.cuh)
+  u64 counters;          // split-K / stream-K: one u32 arrival counter per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)
 };
 

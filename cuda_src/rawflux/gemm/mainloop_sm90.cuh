@@ -53,18 +53,31 @@ RAWFLUX_DEVICE void ld_cg_v4f(const float* p, float& a, float& b, float& c, floa
 
 }  // namespace ptx
 
-// Split-K fix-up for one consumer warpgroup's fragment. Every split stores its fp32 partial to
-// the workspace, then counts itself in; the last to arrive sums all partials in split order (its
-// own from registers), resets the counter and returns true: it alone runs the epilogue.
-// Workspace: per (tile, consumer) slot and split, kRegs/4 float4 per thread, thread-interleaved
-// (coalesced 16-byte accesses).
-template <class Cfg>
+// float4 of a thread's fragment summed per round trip of the fix-up: the loads of a chunk go out
+// together. While chunk c is summed the accumulators of chunks < c hold results and those of
+// chunks > c are dead (re-read from the workspace), so the peak is about kAccRegs + 4 x chunk.
+constexpr int fixup_chunk(int vec, int most) {
+  int c = most;
+  if (c > vec) c = vec;
+  while (c > 1 && vec % c != 0) --c;
+  return c;
+}
+
+// Split-K / stream-K fix-up for one consumer warpgroup's fragment. Every piece of a tile (w.split
+// of w.splits, in k order) stores its fp32 partial to the workspace, then counts itself in; the
+// last to arrive sums all partials in piece order (its own re-read, so its registers are free
+// meanwhile), resets the counter and returns true: it alone runs the epilogue.
+// Workspace: per (slot, consumer) and piece (p.splits deep), kRegs/4 float4 per thread,
+// thread-interleaved (coalesced 16-byte accesses).
+template <class Cfg, int kChunkMax>
 RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs], const WorkTile& w, u32 consumer, u32 tid) {
   constexpr int kVec = Cfg::kAccRegs / 4;
+  constexpr int kChunk = fixup_chunk(kVec, kChunkMax);
   float* ws = reinterpret_cast<float*>(p.workspace);
   u32* counters = reinterpret_cast<u32*>(p.counters);
-  const i64 slot = (i64)w.tile_linear * Cfg::kConsumers + consumer;
+  const i64 slot = (i64)w.slot * Cfg::kConsumers + consumer;
   const i64 part_floats = (i64)kVec * 128 * 4;
+  const float* part = ws + slot * p.splits * part_floats + tid * 4;  // piece 0 of this slot, this thread's first float4
   float* mine = ws + (slot * p.splits + w.split) * part_floats + tid * 4;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -76,33 +89,32 @@ RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs
   bool last = false;
   if (tid == 0) {
     // acq_rel: publishes the warpgroup's partial (ordered by the fences + barrier above) and, for
-    // the last arrival, acquires every other split's partial.
+    // the last arrival, acquires every other piece's partial.
     const u32 old = ptx::atom_add_acq_rel_gpu(counters + slot, 1u);
-    last = old == (u32)(p.splits - 1);
-    if (last) counters[slot] = 0;  // all splits of this slot have arrived: ready for the next launch
+    last = old == (u32)(w.splits - 1);
+    if (last) counters[slot] = 0;  // all pieces of this slot have arrived: ready for the next launch
   }
   last = ptx::named_barrier_or(bar, 128, last);
   if (!last) return false;
-  ptx::fence_acq_rel_gpu();  // acquire: the other splits' partials (seen complete by thread 0) before the reads below
-  // Sum every split's partial (this one's included, re-read so the registers are free) in split
-  // order: the result does not depend on which split arrived last.
-  const float* part = ws + slot * p.splits * part_floats + tid * 4;
+  ptx::fence_acq_rel_gpu();  // acquire: the other pieces' partials (seen complete by thread 0) before the reads below
+  // Sum every piece's partial in piece order: the result does not depend on which piece arrived
+  // last. Chunk by chunk, a piece's kChunk float4 loads issued together.
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    float t0 = 0.f, t1 = 0.f, t2 = 0.f, t3 = 0.f;
-    const float* src = part + i * 512;
-    for (i32 s = 0; s < p.splits; ++s, src += part_floats) {
-      float v0, v1, v2, v3;
-      ptx::ld_cg_v4f(src, v0, v1, v2, v3);
-      t0 += v0;
-      t1 += v1;
-      t2 += v2;
-      t3 += v3;
+  for (int i0 = 0; i0 < kVec; i0 += kChunk) {
+    float t[4 * kChunk];
+#pragma unroll
+    for (int j = 0; j < 4 * kChunk; ++j) t[j] = 0.f;
+    const float* src = part + i0 * 512;
+#pragma unroll 1
+    for (i32 s = 0; s < w.splits; ++s, src += part_floats) {
+      float v[4 * kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) ptx::ld_cg_v4f(src + j * 512, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+#pragma unroll
+      for (int j = 0; j < 4 * kChunk; ++j) t[j] += v[j];
     }
-    acc[4 * i] = t0;
-    acc[4 * i + 1] = t1;
-    acc[4 * i + 2] = t2;
-    acc[4 * i + 3] = t3;
+#pragma unroll
+    for (int j = 0; j < 4 * kChunk; ++j) acc[4 * i0 + j] = t[j];
   }
   return true;
 }
@@ -318,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.consumer = consumer;
       tc.scratch = ptx::smem_u32(smem_a) + kScratchOffset<Cfg>;  // from smem_a: no extra pointer lives across setmaxnreg
       bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n && !((kProbe & 1) && p.k_blocks > 0);
-      if (p.splits > 1 && do_store) do_store = splitk_fixup<Cfg>(p, acc, w, consumer, tid);
+      if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
       if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
       if constexpr (Epilogue::kTileBarrier) {
         ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);

@@ -1,12 +1,22 @@
-// Persistent tile scheduler: maps a CTA's sequence of linear work indices to tiles.
+// Persistent tile schedulers: map a CTA's sequence of work units to tiles and k-block ranges.
 //
-// Work unit u (0 <= u < units) -> split = u / cluster_tiles, cluster tile = u % cluster_tiles.
-// Cluster tiles are (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile
-// of it, and all CTAs of a cluster walk the same units (they share operand loads by multicast).
+// Data-parallel / split-K units: unit u (0 <= u < units) -> split = u / cluster_tiles, cluster
+// tile = u % cluster_tiles; a CTA takes units cluster_id, cluster_id + clusters, ... Cluster tiles
+// are (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile of it, and all
+// CTAs of a cluster walk the same units (they share operand loads by multicast).
 // Cluster tiles are visited in grouped ("swizzled") order so the operands of the tiles in flight
 // stay in L2: `group` tile-rows side by side, walked along n (or tile-columns along m).
 // Row-block rotation (for the fused collectives): tile rows start at segment `seg_start` of
 // `seg_count` equal row segments and wrap around; seg_count = 1 is the plain order.
+//
+// Stream-K (StreamKSched, p.sk_tiles > 0): the first cluster_tiles - sk_tiles tiles of the order
+// run data-parallel (whole k); the (tile, k block) iterations of the last sk_tiles form one line
+// of sk_tiles * k_blocks that is cut into G equal runs, G = clusters in the grid: cluster g owns
+// iterations [g * I / G, (g + 1) * I / G). A run crossing tile boundaries yields one piece per
+// tile; the pieces of a tile are numbered in k order (w.split of w.splits) and summed in that order
+// by splitk_fixup, so the result does not depend on which piece finishes last. Every SM then pulls
+// the same share of B, which is what a small-m (memory-bound) problem with few tiles needs.
+// The host (rawflux/tune.py, sk_plan) keeps G <= I (no empty run) and G * I < 2^31 (u32 math).
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
@@ -16,19 +26,26 @@ namespace rawflux {
 struct WorkTile {
   i32 tile_m, tile_n;      // this CTA's tile (may lie past m or n for the odd CTA of a cluster)
   i32 kb_begin, kb_end;    // k blocks of this unit
-  i32 split;               // split index (0 when splits == 1)
-  i32 tile_linear;         // tile_m * tiles_n + tile_n (split-K bookkeeping)
+  i32 split, splits;       // piece index of this tile and pieces the tile is cut into (1: no fix-up)
+  i32 slot;                // fix-up slot: the workspace / counter index of this CTA tile
 };
 
-template <class Cfg>
+template <class Cfg, bool kStreamKPolicy>
 struct TileSchedT {
+  // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
+  // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
+  // (~1.9 KB) and serialized the wgmma (C7512); the host offers it stream-K never (tune.py).
+  static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1;
+
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
   // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
   // for the accumulators and the producer within its 40 (a stride kept in a register was spilled).
-  i32 unit;
+  i32 unit;  // >= 0: the next data-parallel / split-K unit; < 0: stream-K, -1 - the next iteration
   u32 cta_rank;
 
-  RAWFLUX_DEVICE TileSchedT(const GemmParams&, i32 cluster_id, i32 rank) : unit(cluster_id), cta_rank((u32)rank) {}
+  RAWFLUX_DEVICE TileSchedT(const GemmParams& p, i32 cluster_id, i32 rank) : unit(cluster_id), cta_rank((u32)rank) {
+    if (!kStreamK && p.sk_tiles != 0) __trap();  // the host never asks this variant for stream-K: tiles would go missing
+  }
 
   // Units advance by the number of clusters in the grid (CTAs without clusters).
   static RAWFLUX_DEVICE i32 stride() { return Cfg::kClusterSize > 1 ? (i32)ptx::cluster_count_x() : (i32)ptx::grid_dim_x(); }
@@ -37,9 +54,51 @@ struct TileSchedT {
     const i32 ctiles_m = (p.tiles_m + Cfg::kClusterM - 1) / Cfg::kClusterM;
     const i32 ctiles_n = (p.tiles_n + Cfg::kClusterN - 1) / Cfg::kClusterN;
     const i32 ctiles = ctiles_m * ctiles_n;
-    if (unit >= ctiles * p.splits) return false;
-    const i32 split = unit / ctiles;
-    const i32 cu = unit - split * ctiles;
+    const i32 sk_tiles = kStreamK ? p.sk_tiles : 0;
+    const i32 dp_tiles = ctiles - sk_tiles;
+    i32 cu;
+    bool sk_piece = false;
+    if (unit >= 0 && unit < dp_tiles * (sk_tiles > 0 ? 1 : p.splits)) {
+      const i32 split = unit / dp_tiles;
+      cu = unit - split * dp_tiles;
+      w.split = split;
+      w.splits = sk_tiles > 0 ? 1 : p.splits;
+      w.kb_begin = split * p.kb_per_split;
+      w.kb_end = min(p.k_blocks, w.kb_begin + p.kb_per_split);
+      unit += stride();
+    } else {
+      if constexpr (!kStreamK) {
+        return false;
+      } else {
+        if (sk_tiles == 0) return false;
+        const u32 G = (u32)stride();
+        const u32 K = (u32)p.k_blocks;
+        const u32 iters = (u32)sk_tiles * K;
+        u32 it, g;
+        if (unit >= 0) {  // first stream-K call: unit = cluster_id + j * G
+          g = (u32)unit % G;
+          it = g * iters / G;
+        } else {  // iteration it - 1 was this cluster's: its owner is this cluster
+          it = (u32)(-1 - unit);
+          g = (it * G - 1) / iters;
+        }
+        const u32 end = (g + 1) * iters / G;
+        if (it >= end) return false;
+        const u32 t = it / K;
+        const u32 kb0 = it - t * K;
+        const u32 kb1 = min(K, kb0 + (end - it));
+        // Owner of iteration x: the largest g with g * I / G <= x, i.e. ((x + 1) * G - 1) / I.
+        const u32 first = ((t * K + 1) * G - 1) / iters;
+        const u32 last = ((t + 1) * K * G - 1) / iters;
+        w.split = (i32)(g - first);
+        w.splits = (i32)(last - first + 1);
+        w.kb_begin = (i32)kb0;
+        w.kb_end = (i32)kb1;
+        cu = dp_tiles + (i32)t;
+        unit = -1 - (i32)(it + kb1 - kb0);
+        sk_piece = true;
+      }
+    }
     i32 cm, cn;
     if (!p.raster_n) {
       const i32 per_group = p.group * ctiles_n;
@@ -66,19 +125,27 @@ struct TileSchedT {
     }
     w.tile_m = cm * Cfg::kClusterM + (Cfg::kClusterM > 1 ? (i32)cta_rank : 0);
     w.tile_n = cn * Cfg::kClusterN + (Cfg::kClusterN > 1 ? (i32)cta_rank : 0);
-    w.split = split;
-    w.kb_begin = split * p.kb_per_split;
-    w.kb_end = min(p.k_blocks, w.kb_begin + p.kb_per_split);
-    w.tile_linear = w.tile_m * p.tiles_n + w.tile_n;
-    unit += stride();
+    // Split-K slots are CTA tiles; stream-K slots count only the stream-K tiles (a smaller workspace).
+    w.slot = sk_piece ? (cu - dp_tiles) * Cfg::kClusterSize + (i32)cta_rank : w.tile_m * p.tiles_n + w.tile_n;
     return true;
   }
 };
 
-// The scheduler policy named in gemm_kernel's template arguments.
+// The scheduler policies named in gemm_kernel's template arguments: TileSched (data-parallel and
+// split-K; the fused ops, which pass splits = 1) and StreamKSched (also stream-K; the plain GEMM).
+// kFixupChunk: float4 of a partial the fix-up's sum loads per round trip. The fused ops never
+// split, yet their variants keep the fix-up compiled, with chunks of 4: compiled out, or with
+// chunks of 8, ptxas spilled 16 B in the 40-register producer of the AgWait 128x192 / 128x256
+// cluster variants (register allocation there is that fragile).
 struct TileSched {
+  static constexpr int kFixupChunk = 4;
   template <class Cfg>
-  using type = TileSchedT<Cfg>;
+  using type = TileSchedT<Cfg, false>;
+};
+struct StreamKSched {
+  static constexpr int kFixupChunk = 8;
+  template <class Cfg>
+  using type = TileSchedT<Cfg, true>;
 };
 
 }  // namespace rawflux

@@ -1,0 +1,212 @@
+"""Stream-K on the CPU: a Python port of the kernel's scheduler (gemm/scheduler.cuh, TileSchedT)
+walked for every cluster of the grid must cover every (tile, k block) exactly once, number each
+tile's pieces 0..splits-1 in k order, give each stream-K tile its own fix-up slot, and stay within
+the plan the host sizes the workspace by (tune.sk_plan). Also the host side: params, grid, tags,
+the time model's candidates, and the fused ops never asking for it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rawflux import tune
+from rawflux.ops import gemm as g
+from rawflux.runtime import DType
+
+SK_TILES = [t for t in tune.TILES if t.stream_k_ok]
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
+    """Every work piece the kernel's clusters produce: (cluster, tile_m, tile_n, kb_begin, kb_end,
+    split, splits, slot) for each CTA of the cluster, ported line by line from TileSchedT::next."""
+    t = cfg.tile
+    p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, n, k, sms=sms, timeout_ns=1))
+    (pm, pn, pk, tiles_m, tiles_n, k_blocks, splits, kb_per_split, group, raster_n, seg_count, seg_start, sk_tiles,
+     _pad, _ws, _ctr, _to) = p
+    grid = g.grid_size(cfg, m, n, k, sms)
+    G = grid // t.cluster_size
+    ctm, ctn = _cdiv(tiles_m, t.cluster_m), _cdiv(tiles_n, t.cluster_n)
+    ctiles = ctm * ctn
+    dp_tiles = ctiles - sk_tiles
+    out = []
+    for cid in range(G):
+        unit = cid
+        while True:
+            sk_piece = False
+            if 0 <= unit < dp_tiles * (1 if sk_tiles > 0 else splits):
+                split = unit // dp_tiles
+                cu = unit - split * dp_tiles
+                nsplit = 1 if sk_tiles > 0 else splits
+                kb0 = split * kb_per_split
+                kb1 = min(k_blocks, kb0 + kb_per_split)
+                unit += G
+            else:
+                if sk_tiles == 0:
+                    break
+                iters = sk_tiles * k_blocks
+                assert G * iters < 1 << 31  # the kernel's u32 arithmetic
+                if unit >= 0:
+                    gg = unit % G
+                    it = gg * iters // G
+                else:
+                    it = -1 - unit
+                    gg = (it * G - 1) // iters
+                end = (gg + 1) * iters // G
+                if it >= end:
+                    break
+                tt = it // k_blocks
+                kb0 = it - tt * k_blocks
+                kb1 = min(k_blocks, kb0 + (end - it))
+                first = ((tt * k_blocks + 1) * G - 1) // iters
+                last = ((tt + 1) * k_blocks * G - 1) // iters
+                split, nsplit = gg - first, last - first + 1
+                cu = dp_tiles + tt
+                unit = -1 - (it + kb1 - kb0)
+                sk_piece = True
+                assert gg == cid
+            if not raster_n:
+                per_group = group * ctn
+                gi = cu // per_group
+                first_row = gi * group
+                gsize = min(ctm - first_row, group)
+                r = cu - gi * per_group
+                cm, cn = first_row + r % gsize, r // gsize
+            else:
+                per_group = group * ctm
+                gi = cu // per_group
+                first_col = gi * group
+                gsize = min(ctn - first_col, group)
+                r = cu - gi * per_group
+                cn, cm = first_col + r % gsize, r // gsize
+            for rank in range(t.cluster_size):
+                tm = cm * t.cluster_m + (rank if t.cluster_m > 1 else 0)
+                tn = cn * t.cluster_n + (rank if t.cluster_n > 1 else 0)
+                slot = (cu - dp_tiles) * t.cluster_size + rank if sk_piece else tm * tiles_n + tn
+                out.append((cid, tm, tn, kb0, kb1, split, nsplit, slot))
+    return out, p
+
+
+def check_cover(m, n, k, cfg, sms):
+    t = cfg.tile
+    pieces, p = walk(m, n, k, cfg, sms)
+    k_blocks, depth, sk_tiles = p[5], p[6], p[12]
+    tiles_m, tiles_n = _cdiv(m, t.bm), _cdiv(n, t.bn)
+    by_tile = {}
+    for cid, tm, tn, kb0, kb1, split, nsplit, slot in pieces:
+        assert kb0 < kb1, "an empty piece"
+        if tm < tiles_m and tn < tiles_n:
+            by_tile.setdefault((tm, tn), []).append((kb0, kb1, split, nsplit, slot))
+    assert len(by_tile) == tiles_m * tiles_n
+    slots = {}
+    for tile, ps in by_tile.items():
+        ps.sort()
+        assert ps[0][0] == 0 and ps[-1][1] == k_blocks, (tile, ps)
+        assert all(a[1] == b[0] for a, b in zip(ps, ps[1:])), f"tile {tile}: k blocks covered twice or not at all: {ps}"
+        assert [x[2] for x in ps] == list(range(len(ps))), f"tile {tile}: pieces not numbered in k order: {ps}"
+        assert all(x[3] == len(ps) for x in ps), f"tile {tile}: piece count disagrees: {ps}"
+        assert len(ps) <= max(1, depth)
+        assert len({x[4] for x in ps}) == 1
+        if len(ps) > 1:
+            slots.setdefault(ps[0][4], tile)
+            assert slots[ps[0][4]] == tile, "two split tiles share a fix-up slot"
+            bound = sk_tiles * t.cluster_size if cfg.stream_k else tiles_m * tiles_n
+            assert 0 <= ps[0][4] < bound
+    return p
+
+
+def test_stream_k_covers_every_iteration_once():
+    rng = random.Random(1)
+    seen_sk = 0
+    for _ in range(300):
+        t = rng.choice(SK_TILES)
+        sms = rng.choice([132, 114, 78, 16, 7, 2])
+        m = rng.randint(1, 3000)
+        n = 8 * rng.randint(1, 800)
+        k = 8 * rng.randint(1, 2000)
+        cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
+                              stream_k=True)
+        if t.cluster_size > min(cfg.ctas or sms, sms):
+            continue
+        p = check_cover(m, n, k, cfg, sms)
+        seen_sk += p[12] > 0
+    assert seen_sk > 150  # most draws really cut tiles (the rest have whole waves only)
+
+
+def test_split_k_still_covers():
+    rng = random.Random(2)
+    for _ in range(100):
+        t = rng.choice(list(tune.TILES))
+        m, n, k = rng.randint(1, 2000), 8 * rng.randint(1, 600), 8 * rng.randint(1, 1500)
+        cfg = tune.GemmConfig(t, splits=rng.randint(1, 6), group=rng.choice([1, 8]), raster_n=rng.random() < 0.5)
+        check_cover(m, n, k, cfg, 132)
+
+
+def test_sk_plan_shapes():
+    t = next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 128, 1))
+    # m = 128, n = 6144: 48 tiles on 132 SMs, all cut, 192 k blocks each: ~2.75 runs per tile.
+    sp = tune.sk_plan(128, 6144, 12288, tune.GemmConfig(t, stream_k=True), 132)
+    assert (sp.clusters, sp.sk_tiles, sp.k_blocks) == (132, 48, 192) and sp.max_pieces in (3, 4)
+    # Whole waves only: nothing to cut.
+    assert tune.sk_plan(256, 128 * 66, 4096, tune.GemmConfig(t, stream_k=True), 132).sk_tiles == 0
+    # W full waves + R: the last full wave and the partial one are cut (G + R tiles).
+    sp = tune.sk_plan(128 * 3, 128 * 100, 4096, tune.GemmConfig(t, stream_k=True), 132)
+    assert sp.sk_tiles == 132 + (300 - 264) and sp.clusters == 132
+    # Fewer iterations than SMs: the grid shrinks so every cluster owns one.
+    sp = tune.sk_plan(100, 256, 64, tune.GemmConfig(t, stream_k=True), 132)
+    assert sp.sk_tiles == 2 and sp.clusters == 2 and g.grid_size(tune.GemmConfig(t, stream_k=True), 100, 256, 64, 132) == 2
+    # Too many iterations for the kernel's 32-bit arithmetic: data-parallel instead.
+    assert tune.sk_plan(128, 128 * 100, 8 * 2**22, tune.GemmConfig(t, stream_k=True), 132).sk_tiles == 0
+
+
+def test_params_and_tags():
+    t = next(t for t in SK_TILES if t.cluster_m == 2)
+    cfg = tune.GemmConfig(t, stream_k=True)
+    assert tune.parse_tag(cfg.tag()) == cfg and "/sk/" in cfg.tag()
+    assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
+    assert tune.GemmConfig.from_json({k: v for k, v in tune.GemmConfig(t).to_json().items() if k != "stream_k"}) == tune.GemmConfig(t)
+    sp = tune.sk_plan(256, 6144, 12288, cfg, 132)
+    p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 256, 6144, 12288, sms=132, timeout_ns=5))
+    assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[16] == 5
+    assert g.grid_size(cfg, 256, 6144, 12288, 132) == sp.clusters * 2
+    assert g.GEMM_PARAMS.unpack(g.gemm_params(tune.GemmConfig(t, splits=3), 256, 6144, 12288))[12] == 0
+
+
+def test_bad_stream_k_configs_are_refused_before_any_launch():
+    wide = next(t for t in tune.TILES if not t.stream_k_ok)
+    t = SK_TILES[0]
+    common = (256, 1024, 1024, DType.BF16, "nk", DType.BF16, 0, 0, "gemm.cu")
+    with pytest.raises(ValueError, match="stream-K takes"):
+        g._plan(tune.GemmConfig(wide, stream_k=True), *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+    with pytest.raises(ValueError, match="stream-K takes"):
+        g._plan(tune.GemmConfig(t, splits=2, stream_k=True), *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+    with pytest.raises(ValueError, match="does not split k"):
+        g._plan(tune.GemmConfig(t, stream_k=True), *common, g.FUSED_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+    with pytest.raises(ValueError, match="does not split k"):
+        g._plan(tune.GemmConfig(t, splits=2), *common, g.FUSED_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+
+
+def test_candidates_offer_stream_k_only_where_it_cuts():
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
+    cands = tune.candidates(128, 6144, 12288, "nk", dev)
+    sk = [c for c in cands if c.stream_k]
+    assert sk and all(c.tile.stream_k_ok and c.splits == 1 for c in sk)
+    for c in sk:
+        assert tune.estimate_us(128, 6144, 12288, c, dev) > 0
+    # 66 x 2 tiles of 128 x 256 (cluster 2): whole waves, no stream-K candidate for that tile.
+    t = next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+    assert not any(c.stream_k and c.tile == t for c in tune.candidates(256, 256 * 66, 4096, "nk", dev))
+
+
+def test_fused_ops_never_stream_k():
+    from rawflux.ops import gemm_rs as rs
+
+    t = SK_TILES[0]
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
+    plan = rs.plan_call(1024, n=1024, k=4096, dtype=DType.BF16,
+                        b_layout="nk", partials="bf16", rank=0, world=2, dev=dev, gemm_ctas=120, reduce_ctas=12, tiles_cap=4096,
+                        config=tune.GemmConfig(t, stream_k=True))
+    assert not plan.cfg.stream_k and plan.cfg.splits == 1
