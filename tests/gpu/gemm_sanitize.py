@@ -1,6 +1,7 @@
 """A few rawflux.gemm calls for compute-sanitizer (launch/gpu_suite.sh sanitize): every tile whose
 TmaStore epilogue stages C in shared memory, ragged m and n, few CTAs so the staging buffers are
-reused across tiles. Checks each result against the f32 (register-path) result rounded, bitwise.
+reused across tiles; then split-K and stream-K (the fix-up's workspace and counters) on every tile
+that compiles them. Checks each result against the f32 (register-path) result rounded, bitwise.
 Exit status 0 only if every call matched."""
 from __future__ import annotations
 
@@ -21,13 +22,17 @@ def main() -> int:
         m, n, k = 3 * t.bm + 19, 2 * t.bn + 40, 192
         a = rs.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
         w = rs.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-        cfg = tune.GemmConfig(t, ctas=2 * t.cluster_size)
-        out = cupy.full((m, n), cupy.nan, dtype=cupy.float16)
-        g.gemm(a, w, out=out, config=cfg)
-        c32 = g.gemm(a, w, out_dtype="f32", config=cfg)
-        diff = int(cupy.count_nonzero(out.view(cupy.uint16) != c32.astype(cupy.float16).view(cupy.uint16)))
-        print(f"gemm sanitize {t.tag()}: {'ok' if diff == 0 else f'{diff} outputs differ'}", flush=True)
-        bad += diff != 0
+        cfgs = [tune.GemmConfig(t, ctas=2 * t.cluster_size)]
+        if t.stream_k_ok and t.bn in (128, 256) and t.bm == 128:  # a cluster tile and a plain one: the sanitizer is slow
+            cfgs += [tune.GemmConfig(t, splits=3), tune.GemmConfig(t, stream_k=True),
+                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True)]
+        for cfg in cfgs:
+            out = cupy.full((m, n), cupy.nan, dtype=cupy.float16)
+            g.gemm(a, w, out=out, config=cfg)
+            c32 = g.gemm(a, w, out_dtype="f32", config=cfg)
+            diff = int(cupy.count_nonzero(out.view(cupy.uint16) != c32.astype(cupy.float16).view(cupy.uint16)))
+            print(f"gemm sanitize {cfg.tag()}: {'ok' if diff == 0 else f'{diff} outputs differ'}", flush=True)
+            bad += diff != 0
     return 1 if bad else 0
 
 

@@ -161,11 +161,12 @@ def test_every_tile_config(rf):
 
 STREAM_K_CASES = [
     # (m, n, k, ctas): every tile cut into many runs; data-parallel waves + cut tiles on a small
-    # grid (runs spanning tiles); one k block per cluster (k = 72); ragged m, n and k.
-    (300, 968, 4104, 0),
-    (300, 968, 4104, 6),
-    (300, 968, 72, 0),
-    (1000, 2056, 1000, 20),
+    # grid (runs spanning tiles; the first of the listed grids that leaves a partial wave for the
+    # tile); one k block per cluster (k = 72); ragged m, n and k.
+    (300, 968, 4104, (0,)),
+    (300, 968, 4104, (6, 7, 10, 14)),
+    (300, 968, 72, (0,)),
+    (1000, 2056, 1000, (20, 22, 26)),
 ]
 
 
@@ -182,10 +183,10 @@ def test_stream_k_every_tile(rf):
         for layout in ("nk", "kn"):
             if not t.supports(layout):
                 continue
-            for i, (m, n, k, ctas) in enumerate(STREAM_K_CASES):
-                cfg = tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=ctas, stream_k=True)
-                sp = tune.sk_plan(m, n, k, cfg, sms)
-                assert sp.sk_tiles > 0, f"{t.tag()} {(m, n, k, ctas)}: the case cuts no tile (a test that checks nothing)"
+            for i, (m, n, k, grids) in enumerate(STREAM_K_CASES):
+                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True) for c in grids]
+                cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
+                assert cfg is not None, f"{t.tag()} {(m, n, k, grids)}: no grid cuts a tile (a test that checks nothing)"
                 dtype = ("bf16", "f16")[i % 2]
                 check(rf, m, n, k, layout=layout, config=cfg, dtype=dtype, bias=dtype if i < 2 else "f32",
                       out_dtype="f32" if i == 3 else None)
