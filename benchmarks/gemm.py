@@ -139,7 +139,8 @@ def main(argv=None) -> int:
             continue
         epi = g.plain_epilogue(DType.BF16)
         smem = g.launch_smem_bytes(t, epi, DType.BF16)
-        kern = g.get_kernel("gemm.cu", g.kernel_name(t, DType.BF16, DType.BF16, "nk", epilogue=epi), device_id=dev, arch="sm_90a")
+        kern = g.get_kernel("gemm.cu", g.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED, epilogue=epi), device_id=dev,
+                            arch="sm_90a")
         kern.set_max_dynamic_smem(smem)
         lc = cdrv.CUlaunchConfig()
         lc.gridDimX, lc.gridDimY, lc.gridDimZ = info.sms, 1, 1

@@ -20,9 +20,9 @@ for v in "${VS[@]}"; do
 from concurrent.futures import ThreadPoolExecutor
 from rawflux import tune
 from rawflux.jit import compile_cubin, kernel_source
-from rawflux.ops.gemm import kernel_name, plain_epilogue
+from rawflux.ops.gemm import PLAIN_SCHED, kernel_name, plain_epilogue
 from rawflux.runtime.dtypes import DType
-names = [kernel_name(t, DType.BF16, DType.BF16, "nk", epilogue=plain_epilogue(DType.BF16)) for t in tune.tiles_for("nk")]
+names = [kernel_name(t, DType.BF16, DType.BF16, "nk", sched=PLAIN_SCHED, epilogue=plain_epilogue(DType.BF16)) for t in tune.tiles_for("nk")]
 with ThreadPoolExecutor(4) as ex:
     list(ex.map(lambda n: compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(n,), filename="gemm.cu"), names))
 PY
