@@ -17,7 +17,8 @@ rc=0
 for stage in "$@"; do
   case $stage in
     env)
-      log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse HEAD 2>/dev/null
+      log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+      echo "RAWFLUX_COMMIT=${RAWFLUX_COMMIT:-unset} (the device copy's .git can be stale: git says $(git rev-parse --short HEAD 2>/dev/null))"
       python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" ;;
     pytest)
       # One process per file: in one process, torch's import failed after the fused-op tests had

@@ -354,8 +354,9 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
 def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes: int = 2) -> GemmConfig:
     """Best configuration by the time model. Ties go to fewer splits (less workspace traffic).
     Stream-K is left to the measured tuner: on the H200 sweep of 2026-11-29 (session 6) it was
-    slower than the best split-K or data-parallel configuration at 28 of 30 points (the model does
-    not see its loss of L2 reuse: clusters at different k offsets of tiles that share operands)."""
+    slower than the best split-K or data-parallel configuration at 29 of 30 points and equal at
+    the 30th (the model does not see its loss of L2 reuse: clusters at different k offsets of
+    tiles that share operands; benchmarks/results/gemm-variants-2026-11-29-s6/README.md)."""
     best, best_t = None, math.inf
     for cfg in candidates(m, n, k, b_layout, dev):
         if cfg.raster_n or cfg.stream_k:
