@@ -373,20 +373,42 @@ def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512)
     return not bad, detail or f"{replays} replays with fresh data, m/W={m_loc}, all bitwise right"
 
 
-def _time_ms(stream, fn, iters=20, reps=7):
+def _paired_ms(stream, fa, fb, iters=20, reps=10, host_us_per_call=150.0):
+    """(median ms of fa, median ms of fb, median of the per-rep ratio fa / fb). Each rep holds the
+    stream with the benchmark's delay kernel while the host queues a block of one and a block of
+    the other back to back (device time, not host launch cost), and alternates which goes first
+    (no position bias); clock and temperature drift (several percent over a run on this GPU)
+    cancels in each rep's ratio."""
+    import numpy as np
+
+    from rawflux.jit import get_kernel
+
     cp = _cp()
+    delay = get_kernel("bench_delay.cu", "rawflux::bench_delay_kernel")
+    delay_ns = np.uint64(int(2 * iters * host_us_per_call * 1000))
     for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(reps):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
+        fa()
+        fb()
+    ta, tb, ratios = [], [], []
+    for r in range(reps):
+        order = (fa, fb) if r % 2 == 0 else (fb, fa)
+        ev = [cp.cuda.Event() for _ in range(3)]
+        delay.launch((1,), (1,), (delay_ns,), stream=stream)
+        ev[0].record(stream)
         for _ in range(iters):
-            fn()
-        end.record(stream)
-        end.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, end) / iters)
-    return statistics.median(samples)
+            order[0]()
+        ev[1].record(stream)
+        for _ in range(iters):
+            order[1]()
+        ev[2].record(stream)
+        ev[2].synchronize()
+        first = cp.cuda.get_elapsed_time(ev[0], ev[1]) / iters
+        second = cp.cuda.get_elapsed_time(ev[1], ev[2]) / iters
+        a, b = (first, second) if r % 2 == 0 else (second, first)
+        ta.append(a)
+        tb.append(b)
+        ratios.append(a / b)
+    return statistics.median(ta), statistics.median(tb), statistics.median(ratios)
 
 
 def check_ce_refused(ctx: Ctx):
@@ -432,17 +454,19 @@ def check_timing(ctx: Ctx):
             full = full_a(seed, ctx.world, m_loc, k)
             ctx.sync()
             ctx.comm.Barrier()
-            best = []
-            for _ in range(3):  # interleave the two, keep the better median of each
-                t_fused = _time_ms(s, lambda: op(a, b, out=out, stream=s))
-                t_gemm = _time_ms(s, lambda: ctx.gemm(full, b, "nk", None, cfg))
-                best.append((t_fused, t_gemm))
-            t_fused = min(x for x, _ in best)
-            t_gemm = min(y for _, y in best)
+            # Paired blocks (drift cancels in each pair's ratio); a point over the bar is measured
+            # once more and the lower median ratio kept: a real regression stays over it, a clock
+            # excursion during one pass does not (2026-11-29 s6: one pass read 1.046x for the
+            # world-1 call, which is rawflux.gemm itself).
+            t_fused, t_gemm, ratio = _paired_ms(s, lambda: op(a, b, out=out, stream=s), lambda: ctx.gemm(full, b, "nk", None, cfg))
+            if ctx.world == 1 and ratio > 1.02:
+                again = _paired_ms(s, lambda: op(a, b, out=out, stream=s), lambda: ctx.gemm(full, b, "nk", None, cfg))
+                if again[2] < ratio:
+                    t_fused, t_gemm, ratio = again
             ctx.sync()
         t_fused = max(ctx.comm.allgather(t_fused))
         t_gemm = max(ctx.comm.allgather(t_gemm))
-        ratio = t_fused / t_gemm
+        ratio = max(ctx.comm.allgather(ratio))
         tflops = 2.0 * m * n * k / (t_fused * 1e-3) / 1e12
         notes.append(f"push/{ctx.modes[0][1]} m={m} n={n} k={k}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}")
         if ctx.world == 1 and ratio > 1.02:
