@@ -11,6 +11,7 @@ import pytest
 from rawflux import tune
 from rawflux.ops import gemm_rs as rs
 from rawflux.runtime import DType
+from tests.cpu.sched_port import raster
 
 TILES = list(tune.TILES)
 
@@ -26,12 +27,7 @@ def sched_order(m: int, n: int, t: tune.TileConfig, group: int, seg_count: int, 
     ctm, ctn = _cdiv(tiles_m, t.cluster_m), _cdiv(tiles_n, t.cluster_n)
     shift = ((seg_start * (m // seg_count)) // (t.bm * t.cluster_m)) % ctm if seg_count > 1 else 0
     for cu in range(ctm * ctn):
-        per_group = group * ctn
-        g = cu // per_group
-        first = g * group
-        gsize = min(ctm - first, group)
-        r = cu - g * per_group
-        cm, cn = first + r % gsize, r // gsize
+        cm, cn = raster(cu, ctm, ctn, group)
         cm = (cm + shift) % ctm
         for rm in range(t.cluster_m):
             for rn in range(t.cluster_n):

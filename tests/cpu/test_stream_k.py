@@ -12,6 +12,7 @@ import pytest
 from rawflux import tune
 from rawflux.ops import gemm as g
 from rawflux.runtime import DType
+from tests.cpu.sched_port import raster
 
 SK_TILES = [t for t in tune.TILES if t.stream_k_ok]
 
@@ -68,20 +69,7 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
                 unit = -1 - (it + kb1 - kb0)
                 sk_piece = True
                 assert gg == cid
-            if not raster_n:
-                per_group = group * ctn
-                gi = cu // per_group
-                first_row = gi * group
-                gsize = min(ctm - first_row, group)
-                r = cu - gi * per_group
-                cm, cn = first_row + r % gsize, r // gsize
-            else:
-                per_group = group * ctm
-                gi = cu // per_group
-                first_col = gi * group
-                gsize = min(ctn - first_col, group)
-                r = cu - gi * per_group
-                cn, cm = first_col + r % gsize, r // gsize
+            cm, cn = raster(cu, ctm, ctn, group, bool(raster_n))
             for rank in range(t.cluster_size):
                 tm = cm * t.cluster_m + (rank if t.cluster_m > 1 else 0)
                 tn = cn * t.cluster_n + (rank if t.cluster_n > 1 else 0)
