@@ -332,7 +332,9 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     kb, per, splits = tune.split_plan(k, cfg.splits)
     sk_tiles = 0
     if cfg.stream_k:
-        sp = tune.sk_plan(m, n, k, cfg, sms or 1)
+        if sms < 1:
+            raise ValueError(f"config {cfg.tag()}: a stream-K plan needs the device's SM count (sms=)")
+        sp = tune.sk_plan(m, n, k, cfg, sms)
         kb, per, splits, sk_tiles = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)

@@ -14,8 +14,9 @@
 // of sk_tiles * k_blocks that is cut into G equal runs, G = clusters in the grid: cluster g owns
 // iterations [g * I / G, (g + 1) * I / G). A run crossing tile boundaries yields one piece per
 // tile; the pieces of a tile are numbered in k order (w.split of w.splits) and summed in that order
-// by splitk_fixup, so the result does not depend on which piece finishes last. Every SM then pulls
-// the same share of B, which is what a small-m (memory-bound) problem with few tiles needs.
+// by splitk_fixup, so the result does not depend on which piece finishes last. Every cluster ends
+// at the same time; on the H200 that measured slower than split-K or the plain grid at 29 of 30
+// points (docs/gemm-notes.md, session 6), so only the measured tuner picks it.
 // The host (rawflux/tune.py, sk_plan) keeps G <= I (no empty run) and G * I < 2^31 (u32 math).
 #pragma once
 #include "rawflux/gemm/config.cuh"
@@ -34,7 +35,7 @@ template <class Cfg, bool kStreamKPolicy>
 struct TileSchedT {
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
-  // (~1.9 KB) and serialized the wgmma (C7512); the host offers it stream-K never (tune.py).
+  // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K (tune.py).
   static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1;
 
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
