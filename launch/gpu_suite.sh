@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agce agdiag sanitize
+# REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
+# node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}; mkdir -p "$OUT"
@@ -12,12 +14,14 @@ if [ -d .whl ] && ! python3 -c "import pytest_mpi" 2>/dev/null; then
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 QUICK=${QUICK:-}
+REAL=${REAL:-}
+ranks() { if [ -n "$REAL" ]; then echo "-n $1"; else echo "--emulate $1"; fi; }  # rawflux-launch's mode flag
 log() { echo "=== $* ($(date +%T))"; }
 rc=0
 for stage in "$@"; do
   case $stage in
     env)
-      log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+      log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m 2>/dev/null | head -20
       echo "RAWFLUX_COMMIT=${RAWFLUX_COMMIT:-unset} (the device copy's .git can be stale: git says $(git rev-parse --short HEAD 2>/dev/null))"
       python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" ;;
     pytest)
@@ -27,27 +31,28 @@ for stage in "$@"; do
         log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | tail -${TAIL:-15} || rc=1
       done ;;
     dist)
-      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
+      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
     ag)
-      log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+      log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
     rs)
-      log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+      log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
-        log pytest-mpi emulated world $n
-        timeout 300 python3 -m rawflux.launch --emulate $n -m pytest -q --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
+        log pytest-mpi world $n ${REAL:+one rank per GPU}
+        timeout 300 python3 -m rawflux.launch $(ranks $n) -m pytest -q --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
       done ;;
     bench)
-      # BENCH_WORLD: one or more world sizes ("2 4 8"), each on the emulated node
+      # BENCH_WORLD: one or more world sizes ("2 4 8"), each on the emulated node (REAL: GPUs)
       for w in ${BENCH_WORLD:-4}; do
-        log rawflux.bench emulated $w
-        timeout 400 python3 -m rawflux.launch --emulate $w -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1
+        log rawflux.bench world $w ${REAL:+one rank per GPU}
+        timeout ${BENCH_TIMEOUT:-400} python3 -m rawflux.launch $(ranks $w) -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1
       done ;;
     gemmbench)
       log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
     sanitize)
-      # compute-sanitizer at world 2, two processes on one GPU WITHOUT MPS (the sanitizer does not
-      # attach to MPS clients): slow signal rounds, so small problems and few calls.
+      # compute-sanitizer at world 2, two processes WITHOUT MPS (the sanitizer does not attach to
+      # MPS clients): on one GPU, or one per GPU where there are two; slow signal rounds, so
+      # small problems and few calls.
       export RAWFLUX_WAIT_TIMEOUT_S=60  # the sanitizer slows every kernel many times over
       # memcheck also lists failed CUDA API calls: cuda.bindings probes absent driver entry points
       # with cuGetProcAddress at import (harmless); the grouped counts below show any other kind.

@@ -1,6 +1,6 @@
-"""The impls the harness times today: the non-overlapped baselines (NCCL and ipc collectives), the
-GEMM alone (CuPy, torch), the communication alone (the same collectives), the barrier, and the
-fused rawflux ops once the api exports them.
+"""The impls the harness times: the non-overlapped baselines (NCCL and ipc collectives), the GEMM
+alone (rawflux.gemm, CuPy, torch), the communication alone (the same collectives), the barrier,
+the fused rawflux ops and PyTorch SymmetricMemory's async-TP ops.
 
 Each factory gets a ``timing.Ctx`` and returns ``run(i)`` (enqueue one execution on
 ``ctx.stream`` with input set i).
@@ -131,9 +131,109 @@ def _torch_gemm(ctx):
     return run
 
 
+def _rawflux_gemm(ctx):
+    """rawflux.gemm on the local GEMM: the engine the fused op runs, without its communication"""
+    import rawflux
+
+    from ..runtime import DType
+
+    if ctx.dtype not in (DType.BF16, DType.F16):
+        raise Unavailable(f"rawflux.gemm takes bf16 / f16, not {ctx.dtype.tag}")
+    out = _empty(ctx, ctx.problem.gemm_out_shape)
+    stream = ctx.stream
+    rawflux.gemm(_gemm_a(ctx, 0), ctx.sets[0]["b"], out=out, stream=stream)  # compile outside the timing
+    return lambda i: rawflux.gemm(_gemm_a(ctx, i), ctx.sets[i]["b"], out=out, stream=stream)
+
+
 for _op in ("ag_gemm", "gemm_rs"):
+    register(_op, "rawflux_gemm", "gemm", _rawflux_gemm)
     register(_op, "cupy.matmul", "gemm", _cupy_gemm)
     register(_op, "torch.matmul", "gemm", _torch_gemm)
+
+
+# --------------------------------------------------------------------------------------------
+# PyTorch SymmetricMemory async-TP (torch.ops.symm_mem.fused_*): the other overlapped design.
+# It needs torch.distributed over NCCL, so one rank per GPU; the process group is formed once,
+# on first use, with the rendezvous address sent over the rawflux group's MPI communicator.
+
+_torch_pg_name: str | None = None
+
+
+def _torch_symm_group(ctx) -> str:
+    """The name of a torch.distributed NCCL group over the same ranks, symmetric memory on."""
+    global _torch_pg_name
+    from .. import baseline
+
+    if baseline.shares_gpu(ctx.group):
+        raise Unavailable("torch SymmetricMemory needs one rank per GPU (NCCL refuses the emulated node)")
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import _symmetric_memory as symm
+    except ImportError as e:
+        raise Unavailable(f"torch.distributed / SymmetricMemory missing: {e}") from None
+    if not hasattr(torch.ops, "symm_mem") or not dist.is_nccl_available():
+        raise Unavailable("this torch has no symm_mem ops or no NCCL")
+    if _torch_pg_name is None:
+        comm = ctx.group.comm
+        port = comm.bcast(_free_port() if ctx.group.rank == 0 else None, root=0)
+        dev = torch.device("cuda", ctx.group.device_id)
+        torch.cuda.set_device(dev)
+        if not dist.is_initialized():
+            # One node (CUDA IPC already assumes it), so the rendezvous is on loopback.
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=ctx.group.rank,
+                                    world_size=ctx.group.world, device_id=dev)
+        name = dist.group.WORLD.group_name
+        if hasattr(symm, "enable_symm_mem_for_group"):
+            symm.enable_symm_mem_for_group(name)
+        _torch_pg_name = name
+    return _torch_pg_name
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torch_symm(op):
+    def factory(ctx):
+        name = _torch_symm_group(ctx)
+        import torch
+
+        p = ctx.problem
+        dev = torch.device("cuda", ctx.group.device_id)
+        tdt = getattr(torch, ctx.dtype.torch_name)
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(ctx.seed)
+        # torch's own fresh inputs, the same per-rank shapes and set count as the CuPy sets;
+        # the weight is (n, k) as a linear layer holds it and goes in transposed, as a view.
+        a_sets = [torch.randn(p.a_shape, generator=gen, device=dev, dtype=torch.float32).to(tdt) for _ in range(ctx.nsets)]
+        b_sets = [torch.randn(p.b_shape, generator=gen, device=dev, dtype=torch.float32).to(tdt) for _ in range(ctx.nsets)]
+        tstream = torch.cuda.ExternalStream(int(ctx.stream.ptr), device=dev)
+        if op == "ag_gemm":
+            def call(i):
+                return torch.ops.symm_mem.fused_all_gather_matmul(a_sets[i], [b_sets[i].t()], 0, name)
+        else:
+            def call(i):
+                return torch.ops.symm_mem.fused_matmul_reduce_scatter(a_sets[i], b_sets[i].t(), "sum", 0, name)
+
+        def run(i):
+            with torch.cuda.stream(tstream):
+                call(i)
+
+        run(0)  # symmetric workspace and kernels set up outside the timing
+        torch.cuda.synchronize(dev)
+        return run
+
+    factory.__doc__ = f"PyTorch SymmetricMemory async-TP: torch.ops.symm_mem.fused_{'all_gather_matmul' if op == 'ag_gemm' else 'matmul_reduce_scatter'}"
+    return factory
+
+
+register("ag_gemm", "torch.symm_mem", "fused", _torch_symm("ag_gemm"))
+register("gemm_rs", "torch.symm_mem", "fused", _torch_symm("gemm_rs"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--op", choices=OP_CHOICES, default="all",
                     help="ag_gemm / gemm_rs: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; all (default)")
     ap.add_argument("--shapes", default="paper",
-                    help=f"a preset ({', '.join(PRESETS)}; default paper) or shapes 'm,n,k' / 'n,k' separated by spaces or ';' "
+                    help=f"presets ({', '.join(PRESETS)}; several: 'paper,llama70b'; default paper) or shapes 'm,n,k' / 'n,k' separated by spaces or ';' "
                          "(global sizes: ag_gemm splits n over ranks, gemm_rs splits k)")
     ap.add_argument("--m", default=None, help=f"comma-separated m values (default {','.join(map(str, DEFAULT_M))}; --quick: {','.join(map(str, QUICK_M))})")
     ap.add_argument("--dtype", default="bf16", help="comma-separated: bf16, f16, f32 (default bf16)")

@@ -96,15 +96,22 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 
 def parse_shapes(spec: str) -> dict[str, list[tuple[str, int | None, int, int]]] | list[tuple[str, int | None, int, int]]:
-    """``spec``: a preset name (``paper``, ``llama70b``) -> {op: [(label, None, n, k)]}; or
-    shapes "m,n,k" / "n,k" separated by spaces or ';' -> [(label, m or None, n, k)] applying to
-    every op (m None: use the --m list)."""
-    key = spec.strip().lower()
-    if key in PRESETS:
-        return {op: [(f"{key}.{lab}", None, n, k) for lab, n, k in rows] for op, rows in PRESETS[key].items()}
+    """``spec``: preset names (``paper``, ``llama70b``; several joined by ',' or '+') -> {op:
+    [(label, None, n, k)]}; or shapes "m,n,k" / "n,k" separated by spaces or ';' -> [(label, m or
+    None, n, k)] applying to every op (m None: use the --m list)."""
+    keys = [t.strip() for t in spec.strip().lower().replace("+", ",").split(",")]
+    if all(key in PRESETS for key in keys):
+        merged: dict[str, list] = {}
+        for key in dict.fromkeys(keys):
+            for op, rows in PRESETS[key].items():
+                merged.setdefault(op, []).extend((f"{key}.{lab}", None, n, k) for lab, n, k in rows)
+        return merged
     out = []
     for item in spec.replace(";", " ").split():
-        vals = parse_ints(item, f"shape {item!r}")
+        try:
+            vals = parse_ints(item, f"shape {item!r}")
+        except ValueError as e:
+            raise ValueError(f"{e} (or preset names: {', '.join(PRESETS)})") from None
         if len(vals) == 3:
             out.append((item, vals[0], vals[1], vals[2]))
         elif len(vals) == 2:

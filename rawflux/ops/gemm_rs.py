@@ -496,8 +496,8 @@ def clear_cache() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# benchmark rows (python -m rawflux.bench): the bf16-partials variant, and the rawflux GEMM alone
-# as the reference of the fused rows' exposed communication (unless someone registered one).
+# benchmark rows (python -m rawflux.bench): the bf16-partials variant (the rawflux GEMM alone,
+# its exposed-communication reference, is a built-in row of both ops).
 
 
 def _register_bench() -> None:
@@ -521,23 +521,7 @@ def _register_bench() -> None:
         gemm_rs(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials=part)
         return lambda i: gemm_rs(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials=part)
 
-    def local_gemm(ctx):
-        """rawflux.gemm on the local (m, k/W) x (n, k/W)^T GEMM"""
-        from ..bench.registry import Unavailable
-
-        if ctx.dtype not in DTYPES:
-            raise Unavailable(f"rawflux.gemm takes bf16 / f16, not {ctx.dtype.tag}")
-        import cupy
-
-        with cupy.cuda.Device(ctx.group.device_id):
-            out = cupy.empty(ctx.problem.gemm_out_shape, ctx.dtype.np)
-        sets, stream = ctx.sets, ctx.stream
-        _gemm.gemm(sets[0]["a"], sets[0]["b"], out=out, stream=stream)
-        return lambda i: _gemm.gemm(sets[i]["a"], sets[i]["b"], out=out, stream=stream)
-
     registry.register("gemm_rs", "rawflux.bf16parts", "fused", fused_bf16, gemm_ref="rawflux_gemm")
-    if not registry.impls("gemm_rs", names=("rawflux_gemm",)):
-        registry.register("gemm_rs", "rawflux_gemm", "gemm", local_gemm)
 
 
 _register_bench()

@@ -71,6 +71,17 @@ def test_custom_shapes_apply_to_every_op():
     ]
 
 
+def test_presets_combine():
+    both = parse_shapes("paper,llama70b")
+    assert parse_shapes("Paper + LLAMA70B") == both
+    assert [lab for lab, *_ in both["ag_gemm"]] == ["paper.mlp_up", "llama70b.qkv", "llama70b.mlp_gate_up"]
+    assert [(n, k) for _, _, n, k in both["gemm_rs"]] == [(12288, 49152), (8192, 8192), (8192, 28672)]
+    probs = build_problems(["gemm_rs"], "paper,llama70b", [64, 1024], ["bf16"], world=2)
+    assert [(p.label, p.m) for p in probs][:3] == [("paper.mlp_down", 64), ("paper.mlp_down", 1024), ("llama70b.attn_out", 64)]
+    with pytest.raises(ValueError, match="preset"):
+        parse_shapes("paper,llama7b")
+
+
 def test_llama_preset_divides_over_eight_ranks():
     for op, rows in PRESETS["llama70b"].items():
         for _, n, k in rows:
@@ -295,7 +306,9 @@ def test_builtin_impls_cover_every_baseline_row():
         assert names["nccl+cublas"] == names["ipc+cublas"] == "nonoverlap"
         assert names["cupy.matmul"] == "gemm" and names["torch.matmul"] == "gemm"
         assert names[f"nccl_{comm_name}"] == names[f"ipc_{comm_name}"] == "comm"
-        assert names["rawflux"] == "fused"
+        assert names["rawflux"] == names["torch.symm_mem"] == "fused"
+        assert names["rawflux_gemm"] == "gemm"  # the fused row's exposed-communication reference
+        assert registry.impls(op, names=["rawflux"])[0].gemm_ref == "rawflux_gemm"
     bar = registry.impls("barrier")
     assert {i.name for i in bar} == {"group.barrier", "nccl_allreduce_4B"} and all(i.inner > 1 for i in bar)
 
@@ -313,6 +326,9 @@ def test_unavailable_impl_says_why():
             if impl.name.startswith("nccl"):
                 with pytest.raises(registry.Unavailable, match="one GPU"):
                     impl.factory(emulated)
+        # torch's async-TP needs NCCL too: refused before torch.distributed is touched
+        with pytest.raises(registry.Unavailable, match="one rank per GPU"):
+            registry.impls(op, names=["torch.symm_mem"])[0].factory(emulated)
 
 
 def test_backend_choice_follows_the_gpus():
