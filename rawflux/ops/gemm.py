@@ -87,26 +87,8 @@ register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
 _TMA_STORE_BOX_BYTES = 64 * 128
 
 
-def scatter_scratch_bytes(tile: TileConfig, part_bytes: int) -> int:
-    """GEMM-ReduceScatter's bulk path (ScatterStore::scratch_bytes in fused/rs_scatter.cuh): a
-    128-byte header and 64 staging rows of the fragment per consumer warpgroup, each padded by 16
-    bytes; 16-bit partials only, and only where the stage ring leaves the room (else 0: the
-    direct path)."""
-    if part_bytes != 2:
-        return 0
-    need = 128 + tile.consumers * 64 * (tile.wn * part_bytes + 16)
-    free = tune.SMEM_PER_CTA - 1024 - _scratch_offset(tile)  # kScratchFree in policies.cuh
-    return need if free >= need else 0
-
-
-# ScatterStore<kPart> codes (kRsPart* in fused/rs_layout.cuh) -> partial element bytes
-_SCATTER_PART_BYTES = {"rawflux::ScatterStore<0>": 2, "rawflux::ScatterStore<1>": 2, "rawflux::ScatterStore<2>": 4}
-
-
 def epilogue_scratch_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
     """Shared memory the epilogue policy asks for (Epilogue::scratch_bytes<Cfg>())."""
-    if epilogue in _SCATTER_PART_BYTES:
-        return scatter_scratch_bytes(tile, _SCATTER_PART_BYTES[epilogue])
     if epilogue != "rawflux::TmaStore" or out_dtype == DType.F32 or tile.wn % 64:
         return 0
     free = tune.SMEM_PER_CTA - 1024 - _scratch_offset(tile)  # kScratchFree in policies.cuh

@@ -138,26 +138,6 @@ def default_reduce_ctas(sms: int, world: int) -> int:
     return max(1, min(r, sms // 2 if sms >= 2 else 1))
 
 
-def rs_tile(tile: TileConfig, partials: str) -> TileConfig:
-    """The tile as GEMM-ReduceScatter compiles it: with 16-bit partials, the most stages (at least 3)
-    that leave room for the bulk path's staging rows (ScatterStore in fused/rs_scatter.cuh: the
-    rows go out through the TMA engine while the next tile computes); where even 3 stages leave no
-    room (128 x 320), unchanged (the direct path)."""
-    _, part_bytes, _ = PARTIALS[partials]
-    if part_bytes != 2:
-        return tile
-    for stages in range(tile.stages, 2, -1):
-        fewer = replace(tile, stages=stages)
-        if _gemm.scatter_scratch_bytes(fewer, part_bytes):
-            return fewer
-    return tile
-
-
-def rs_tiles(b_layout: str, partials: str) -> list[TileConfig]:
-    """Every tile GEMM-ReduceScatter may launch for this layout and partial type."""
-    return [rs_tile(t, partials) for t in tune.tiles_for(b_layout)]
-
-
 def choose_config(m: int, n: int, k: int, b_layout: str, dev, gemm_ctas: int, part_bytes: int, tiles=None) -> GemmConfig:
     """The GEMM configuration of one call: no split-K (every tile is stored and flagged exactly
     once), tile rows walked along n (raster_n False: the rotation then visits owners one after
@@ -231,11 +211,9 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
     m_loc = m // world
     part_code, part_bytes, _ = PARTIALS[partials]
     cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, gemm_ctas, part_bytes)
-    cfg = replace(cfg, tile=rs_tile(cfg.tile, partials), splits=1, stream_k=False, raster_n=False, ctas=gemm_ctas)
+    cfg = replace(cfg, splits=1, stream_k=False, raster_n=False, ctas=gemm_ctas)
     t = cfg.tile
     tiles_n = _cdiv(n, t.bn)
-    if max(_cdiv(m, t.bm), tiles_n) >= 0xFFFF:  # ScatterStore keeps a pending tile as two 16-bit indices
-        raise ValueError(f"gemm_rs: m={m}, n={n} give {_cdiv(m, t.bm)} x {tiles_n} tiles of {t.bm}x{t.bn}; at most 65534 per side")
     if _cdiv(m, t.bm) * tiles_n > tiles_cap:
         raise ValueError(f"gemm_rs: tile {t.bm}x{t.bn} needs {_cdiv(m, t.bm) * tiles_n} flags per source at m={m}, "
                          f"the op holds {tiles_cap}")
@@ -271,7 +249,7 @@ def _register_variants() -> None:
         for partials in _default_partials_for(dt):
             register(KERNEL_FILE, reduce_kernel_name(partials, dt), archs=("sm_90a",))
             for layout in B_LAYOUTS:
-                for t in rs_tiles(layout, partials):
+                for t in tune.tiles_for(layout):
                     register(KERNEL_FILE, gemm_kernel_name(t, dt, layout, partials), archs=("sm_90a",))
 
 

@@ -290,7 +290,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kOrdered) {
       if (consumer == 1) pass_turn();  // warpgroup 0 goes first
     }
-    Epilogue::template init<Cfg>(epi, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>, tid, consumer);
 
     while (sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
@@ -338,7 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Epilogue::template tile_done<Cfg>(epi, p, tc);
       }
     }
-    Epilogue::template finish<Cfg>(epi, p, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>, tid, consumer);
+    Epilogue::template finish<Cfg>(epi, tid);
   }
   if constexpr (kOrderedIssue && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,

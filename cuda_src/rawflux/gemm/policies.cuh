@@ -18,11 +18,8 @@
 //                            float (&acc)[Cfg::kAccRegs], const TileCoord&);   // every consumer thread
 //     template <class Cfg> static __device__ void tile_done(const Params&, const GemmParams&, const TileCoord&);
 //     template <class Cfg> static constexpr int scratch_bytes();   // shared memory it needs (tc.scratch)
-//     template <class Cfg> static __device__ void init(const Params&, u32 scratch, u32 tid, u32 consumer);
-//                            // every consumer thread, once, before its first tile
-//     template <class Cfg> static __device__ void finish(const Params&, const GemmParams&, u32 scratch,
-//                            u32 tid, u32 consumer);  // every consumer thread, once, after its last
-//                            // tile (drain asynchronous stores)
+//     template <class Cfg> static __device__ void finish(const Params&, u32 tid);  // every consumer
+//                            // thread, once, after its last tile (drain asynchronous stores)
 //   };
 // Params is a __grid_constant__ kernel parameter: a TensorMap member is usable by TMA in place.
 #pragma once
@@ -78,10 +75,7 @@ struct LocalStore {
   static constexpr int scratch_bytes() { return 0; }
 
   template <class Cfg>
-  static RAWFLUX_DEVICE void init(const Params&, u32, u32, u32) {}
-
-  template <class Cfg>
-  static RAWFLUX_DEVICE void finish(const Params&, const GemmParams&, u32, u32, u32) {}
+  static RAWFLUX_DEVICE void finish(const Params&, u32) {}
 };
 
 // Plain GEMM, 16-bit C through shared memory and TMA stores: each consumer warpgroup writes its
@@ -159,10 +153,7 @@ struct TmaStore {
   static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
 
   template <class Cfg>
-  static RAWFLUX_DEVICE void init(const Params&, u32, u32, u32) {}
-
-  template <class Cfg>
-  static RAWFLUX_DEVICE void finish(const Params&, const GemmParams&, u32, u32 tid, u32) {
+  static RAWFLUX_DEVICE void finish(const Params&, u32 tid) {
     if constexpr (bufs<Cfg>() > 0) {
       if (tid == 0) ptx::bulk_wait_all();  // C's boxes written before the CTA ends
     }

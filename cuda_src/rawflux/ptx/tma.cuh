@@ -47,13 +47,6 @@ RAWFLUX_DEVICE void tma_store_2d(const TensorMap* map, u32 src_smem, i32 c0, i32
                : "memory");
 }
 
-// Shared -> global, 1-D: `bytes` (a multiple of 16) from shared address src_smem to dst (16-byte
-// aligned; a peer GPU's memory too), in this thread's bulk async-group; the TMA engine drains it
-// while the thread goes on.
-RAWFLUX_DEVICE void bulk_store_1d(u64 dst, u32 src_smem, u32 bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src_smem), "r"(bytes) : "memory");
-}
-
 // Closes this thread's bulk async-group of the stores issued since the last commit.
 RAWFLUX_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
@@ -68,20 +61,6 @@ RAWFLUX_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\
 
 // Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA) reads.
 RAWFLUX_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// 16 bytes / 8 bytes / 4 bytes to shared memory at a shared-window address; a 32-bit load.
-RAWFLUX_DEVICE void st_shared_v4(u32 addr, u32 a, u32 b, u32 c, u32 d) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-RAWFLUX_DEVICE void st_shared_v2(u32 addr, u32 a, u32 b) {
-  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
-}
-RAWFLUX_DEVICE void st_shared_u32(u32 addr, u32 a) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(a) : "memory"); }
-RAWFLUX_DEVICE u32 ld_shared_u32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // Four 8x8 b16 matrices to shared memory: lane l gives row l % 8 of matrix l / 8 at `row_addr`;
 // register i holds this lane's pair (row l / 4, columns 2 (l % 4), +1) of matrix i (the mma
