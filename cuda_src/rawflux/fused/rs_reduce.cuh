@@ -24,7 +24,7 @@
 
 namespace rawflux {
 
-enum : int { kRsReduceThreads = 512, kRsReduceBatch = 8 };
+enum : int { kRsReduceThreads = 512, kRsReducePairs = 4 };
 
 struct RsReduceParams {
   u64 parts;        // this rank's partial buffer: W slots of (m_loc, n)
@@ -49,20 +49,6 @@ RAWFLUX_DEVICE void ld_cg_v4_u32(u64 addr, u32& a, u32& b, u32& c, u32& d) {
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(addr) : "memory");
 }
 
-// 8 consecutive partial elements at byte address addr -> fp32.
-template <int kPart>
-RAWFLUX_DEVICE void load8(u64 addr, float (&v)[8]) {
-  if constexpr (kPart == kRsPartF32) {
-    ld_cg_v4_f32(addr, v[0], v[1], v[2], v[3]);
-    ld_cg_v4_f32(addr + 16, v[4], v[5], v[6], v[7]);
-  } else {
-    u32 w[4];
-    ld_cg_v4_u32(addr, w[0], w[1], w[2], w[3]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ptx::unpack2<kPart == kRsPartF16>(w[i], v[2 * i], v[2 * i + 1]);
-  }
-}
-
 // 8 fp32 values -> out[col..col+8) of type kOut (16-byte stores; out and n are 16-byte aligned).
 template <int kOut>
 RAWFLUX_DEVICE void store8(void* out, const float (&v)[8]) {
@@ -74,27 +60,6 @@ RAWFLUX_DEVICE void store8(void* out, const float (&v)[8]) {
     constexpr bool kF16 = kOut == kTypeF16;
     epi::st_v4(out, ptx::pack2<kF16>(v[0], v[1]), ptx::pack2<kF16>(v[2], v[3]), ptx::pack2<kF16>(v[4], v[5]),
                ptx::pack2<kF16>(v[6], v[7]));
-  }
-}
-
-// Sum over sources q = 0..world-1 (in that order) of the 8 elements at element offset `off` of
-// every slot; loads of up to kRsReduceBatch sources are in flight together.
-template <int kPart>
-RAWFLUX_DEVICE void sum_sources(u64 parts, i64 slot_elems, i64 off, i32 world, float (&acc)[8]) {
-  constexpr u64 kBytes = kPart == kRsPartF32 ? 4 : 2;
-  for (i32 s0 = 0; s0 < world; s0 += kRsReduceBatch) {
-    float v[kRsReduceBatch][8];
-#pragma unroll
-    for (int i = 0; i < kRsReduceBatch; ++i) {
-      if (s0 + i < world) load8<kPart>(parts + (u64)((i64)(s0 + i) * slot_elems + off) * kBytes, v[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kRsReduceBatch; ++i) {
-      if (s0 + i < world) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = (s0 + i == 0) ? v[i][e] : acc[e] + v[i][e];
-      }
-    }
   }
 }
 
@@ -129,6 +94,84 @@ RAWFLUX_DEVICE void add_bias8(float (&acc)[8], u64 bias, i32 bias_kind, i32 col)
       ptx::unpack2<kInF16>(w[i], lo, hi);
       acc[2 * i] += lo;
       acc[2 * i + 1] += hi;
+    }
+  }
+}
+
+// 8 consecutive partial elements at byte address addr as raw 32-bit words (fp32: 8 words; 16-bit:
+// 4 words, two elements each), left packed while the load is in flight; raw_get unpacks element e.
+template <int kPart>
+constexpr int kRawWords = kPart == kRsPartF32 ? 8 : 4;
+template <int kPart>
+RAWFLUX_DEVICE void load_raw(u64 addr, u32 (&w)[kRawWords<kPart>]) {
+  ld_cg_v4_u32(addr, w[0], w[1], w[2], w[3]);
+  if constexpr (kPart == kRsPartF32) ld_cg_v4_u32(addr + 16, w[4], w[5], w[6], w[7]);
+}
+template <int kPart>
+RAWFLUX_DEVICE void raw_to_f32(const u32 (&w)[kRawWords<kPart>], float (&v)[8]) {
+  if constexpr (kPart == kRsPartF32) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __uint_as_float(w[e]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ptx::unpack2<kPart == kRsPartF16>(w[i], v[2 * i], v[2 * i + 1]);
+  }
+}
+
+// Sums a unit's 8-column chunks idx = tid, tid + nthreads, ... (of `chunks`, chunks_per_row to a
+// row) over the W sources and stores them: kChunks chunks per thread per step, the loads of kSrc
+// sources of each issued together before the first sum. The tail reduction after the GEMM is
+// bound by the loads each thread keeps in flight (measured on two H200s, 2026-11-29: one chunk at
+// a time moved ~0.7 TB/s). Every element is still summed over q = 0, 1, ..., W-1 in that order,
+// so the bits do not depend on kChunks or kSrc.
+template <int kPart, int kOut, int kChunks, int kSrc>
+RAWFLUX_DEVICE void reduce_chunks(const RsReduceParams& p, i32 world, i64 slot_elems, i32 row0, i32 c0, i32 chunks_per_row,
+                                  i32 chunks, i32 tid, i32 nthreads) {
+  constexpr u64 kBytes = kPart == kRsPartF32 ? 4 : 2;
+  constexpr u64 kOutBytes = kOut == kTypeF32 ? 4 : 2;
+  for (i32 base = tid; base < chunks; base += nthreads * kChunks) {
+    // Element offset of chunk j in a slot: (row0 + rr[j]) * n + col[j] (kept as two 32-bit values:
+    // registers are what limits the loads in flight).
+    i32 rr[kChunks], col[kChunks];
+    bool ok[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const i32 idx = base + j * nthreads;
+      ok[j] = idx < chunks;
+      rr[j] = idx / chunks_per_row;
+      col[j] = c0 + 8 * (idx - rr[j] * chunks_per_row);
+    }
+    auto off = [&](int j) { return (i64)(row0 + rr[j]) * p.n + col[j]; };
+    float acc[kChunks][8];
+#pragma unroll 1
+    for (i32 s0 = 0; s0 < world; s0 += kSrc) {
+      u32 w[kChunks][kSrc][kRawWords<kPart>];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+        for (int i = 0; i < kSrc; ++i) {
+          if (ok[j] && s0 + i < world) load_raw<kPart>(p.parts + (u64)((i64)(s0 + i) * slot_elems + off(j)) * kBytes, w[j][i]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+        for (int i = 0; i < kSrc; ++i) {
+          if (ok[j] && s0 + i < world) {
+            float v[8];
+            raw_to_f32<kPart>(w[j][i], v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[j][e] = (s0 + i == 0) ? v[e] : acc[j][e] + v[e];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if (ok[j]) {
+        if (p.bias_kind != epi::kBiasNone) add_bias8<kOut == kTypeF16>(acc[j], p.bias, p.bias_kind, col[j]);
+        store8<kOut>(reinterpret_cast<void*>(p.out + (u64)off(j) * kOutBytes), acc[j]);
+      }
     }
   }
 }
@@ -181,16 +224,13 @@ __global__ void __launch_bounds__(kRsReduceThreads) rs_reduce_kernel(const RsRed
     const i32 c0 = tn * p.bn;
     const i32 chunks_per_row = (min(p.n, c0 + p.bn) - c0) / 8;
     const i32 chunks = (r1 - r0) * chunks_per_row;
-    for (i32 idx = tid; idx < chunks; idx += (i32)blockDim.x) {
-      const i32 rr = idx / chunks_per_row;
-      const i32 row = r0 - row_lo + rr;  // local row of the output
-      const i32 col = c0 + 8 * (idx - rr * chunks_per_row);
-      const i64 off = (i64)row * p.n + col;
-      float acc[8];
-      rs::sum_sources<kPart>(p.parts, slot_elems, off, world, acc);
-      if (p.bias_kind != epi::kBiasNone) rs::add_bias8<kOut == kTypeF16>(acc, p.bias, p.bias_kind, col);
-      constexpr u64 kOutBytes = kOut == kTypeF32 ? 4 : 2;
-      rs::store8<kOut>(reinterpret_cast<void*>(p.out + (u64)off * kOutBytes), acc);
+    const i32 row0 = r0 - row_lo;  // local row of the output
+    // kRsReducePairs (chunk, source) loads in flight per thread: with W <= 2 two chunks of both
+    // sources, else one chunk of up to kRsReducePairs sources (128 registers a thread at 512 threads).
+    if (world <= 2) {
+      rs::reduce_chunks<kPart, kOut, kRsReducePairs / 2, 2>(p, world, slot_elems, row0, c0, chunks_per_row, chunks, tid, (i32)blockDim.x);
+    } else {
+      rs::reduce_chunks<kPart, kOut, 1, kRsReducePairs>(p, world, slot_elems, row0, c0, chunks_per_row, chunks, tid, (i32)blockDim.x);
     }
   }
 }
