@@ -398,3 +398,86 @@ def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monke
     assert kinds.index("barrier") < gemm_at  # buffers are free: every peer finished the last call
     side = [e for e in log if e[0] == "reduce" and e[1] != main]
     assert len(side) == 1  # one reducer beside the GEMM, one after it on the caller's stream
+
+
+# --------------------------------------------------------------------------------------------
+# the reduce kernel's unit counter (rs::claim_unit), its atomic steps interleaved at random
+
+
+def _claimers(epoch: int, ctas: int, units: int, counter: list, rng, cas_only: bool = False, install: int = 1):
+    """Step machines of claim_unit (fused/rs_reduce.cuh), one per CTA, each claiming until it gets
+    a unit >= units; yields the units every CTA got. One atomic step per next()."""
+    tag = epoch << 32
+
+    def cta(got):
+        while True:
+            if cas_only:  # the old loop: read, then CAS, until the CAS wins
+                cur = counter[0]
+                yield
+                current = (cur >> 32) == epoch
+                want = cur + 1 if current else tag | 1
+                if counter[0] == cur:
+                    counter[0] = want
+                    u = (cur & 0xFFFFFFFF) if current else 0
+                else:
+                    yield
+                    continue
+            else:
+                prev = counter[0]
+                counter[0] = prev + 1  # atomicAdd
+                yield
+                if (prev >> 32) == epoch:
+                    u = prev & 0xFFFFFFFF
+                else:
+                    cur = counter[0]
+                    yield
+                    if (cur >> 32) == epoch:
+                        continue
+                    if counter[0] == cur:  # atomicCAS
+                        counter[0] = tag | install
+                        u = 0
+                    else:
+                        yield
+                        continue
+            yield
+            if u >= units:
+                return
+            got.append(u)
+
+    gots = [[] for _ in range(ctas)]
+    live = [cta(g) for g in gots]
+    while live:
+        i = int(rng.integers(len(live)))
+        try:
+            next(live[i])
+        except StopIteration:
+            live.pop(i)
+    return gots
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_claim_unit_hands_out_every_unit_once(seed):
+    rng = np.random.default_rng(seed)
+    units, ctas = int(rng.integers(1, 300)), int(rng.integers(1, 40))
+    stale = (int(rng.integers(0, 5)) << 32) | int(rng.integers(0, 1000))  # an older call's count
+    counter = [stale]
+    got = sorted(u for g in _claimers(7, ctas, units, counter, rng) for u in g)
+    assert got == list(range(units))
+    # the next call (new epoch) starts over from the garbage this one left
+    got = sorted(u for g in _claimers(8, ctas, units, counter, rng) for u in g)
+    assert got == list(range(units))
+
+
+def test_claim_unit_model_can_fail():
+    """Mutations of the claim lose or repeat units, and the interleaving model sees it: installing
+    the new tag with next = 0 (unit 0 handed out twice), or trusting a stale count."""
+    rng = np.random.default_rng(1)
+    seen_bad = False
+    for _ in range(20):
+        got = sorted(u for g in _claimers(7, 8, 40, [(3 << 32) | 50], rng, install=0) for u in g)
+        seen_bad |= got != list(range(40))
+    assert seen_bad
+    got = sorted(u for g in _claimers(7, 8, 40, [(7 << 32) | 50], rng) for u in g)  # same epoch: the stale count is trusted
+    assert got != list(range(40))
+    got = sorted(u for g in _claimers(7, 8, 40, [(3 << 32) | 50], rng, cas_only=True) for u in g)  # the old loop: right, slow
+    assert got == list(range(40))
