@@ -308,12 +308,17 @@ class AGGemm(CollectiveOp):
             self.copy_sms = default_copy_sms(self.sms) if copy_sms is None else int(copy_sms)
             if not 1 <= self.copy_sms < self.sms:
                 raise ValueError(f"copy_sms = {self.copy_sms}: between 1 and SMs - 1 = {self.sms - 1}")
-        # SMs the GEMM leaves free. The copy engine needs none between GPUs, but a copy between
-        # two processes' buffers on ONE device (the emulated node) runs as a driver kernel: a
-        # GEMM filling every SM and spinning on its flags would starve it (DESIGN hazard 1).
+        # SMs the GEMM leaves free. The copy engine needs none between GPUs, but a copy within ONE
+        # device runs as a driver kernel: a GEMM filling every SM and spinning on its flags would
+        # starve it (DESIGN hazard 1). On the emulated node every copy is one (ranks share the
+        # GPU); between GPUs, pull's flags are (the epoch word into this rank's own ready flags):
+        # two H200s, 2026-11-29, pull/ce timed out at its first call once the GEMM filled the GPU
+        # (m = 4096, n = 24576), while push/ce, whose flags go to the peer, ran.
         self.reserved_sms = self.copy_sms
         if copy == "ce" and world > 1 and sum(getattr(g, "same_device", ())) > 1:
             self.reserved_sms = max(2, min(8, self.sms // 8))
+        elif copy == "ce" and world > 1 and direction == "pull":
+            self.reserved_sms = 1  # the 4-byte flag copies run one small kernel at a time
         self._gath = self._ready = None
         self._counters = None
         if world > 1:

@@ -571,6 +571,9 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         for d, f in zip(data, flags):
             assert log.index(d) < log.index(f) and d[4] == f[4]
         assert g[5:] == ()  # an ordinary launch: the copies run on side streams
+        # pull's flags are copies within this GPU (a driver kernel): the GEMM leaves them an SM
+        assert op.reserved_sms == (direction == "pull")
+        assert op.last_config.ctas == 131 if direction == "pull" else op.last_config.ctas in (0, 132)  # 0: every SM
     else:
         cp_ = next(e for e in log if e[0] == "launch" and e[1] == "ag_copy_kernel")
         assert cp_[2] == main and cp_[3] == op.copy_sms
