@@ -7,6 +7,8 @@ Each factory gets a ``timing.Ctx`` and returns ``run(i)`` (enqueue one execution
 """
 from __future__ import annotations
 
+import warnings
+
 from .registry import Unavailable, register
 
 
@@ -184,10 +186,28 @@ def _torch_symm_group(ctx) -> str:
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=ctx.group.rank,
                                     world_size=ctx.group.world, device_id=dev)
         name = dist.group.WORLD.group_name
-        if hasattr(symm, "enable_symm_mem_for_group"):
-            symm.enable_symm_mem_for_group(name)
+        if hasattr(symm, "enable_symm_mem_for_group"):  # needed up to torch 2.8, a deprecated no-op since
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(name)
         _torch_pg_name = name
     return _torch_pg_name
+
+
+def close_torch_group(comm) -> None:
+    """Collective: tear down the torch.distributed group the SymmetricMemory rows formed, if any,
+    every rank together (a rank leaving first takes the rendezvous store with it, and its peers'
+    NCCL watchdogs then print stack traces at exit)."""
+    global _torch_pg_name
+    if _torch_pg_name is None:
+        return
+    import torch.distributed as dist
+
+    comm.Barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _torch_pg_name = None
+    comm.Barrier()
 
 
 def _free_port() -> int:
