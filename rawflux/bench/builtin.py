@@ -186,7 +186,7 @@ def _torch_symm_group(ctx) -> str:
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=ctx.group.rank,
                                     world_size=ctx.group.world, device_id=dev)
         name = dist.group.WORLD.group_name
-        if hasattr(symm, "enable_symm_mem_for_group"):  # needed up to torch 2.8, a deprecated no-op since
+        if hasattr(symm, "enable_symm_mem_for_group"):  # older torch needs it; newer deprecates it as a no-op
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 symm.enable_symm_mem_for_group(name)

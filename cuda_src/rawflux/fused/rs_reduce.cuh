@@ -104,7 +104,7 @@ RAWFLUX_DEVICE void add_bias8(float (&acc)[8], u64 bias, i32 bias_kind, i32 col)
 }
 
 // 8 consecutive partial elements at byte address addr as raw 32-bit words (fp32: 8 words; 16-bit:
-// 4 words, two elements each), left packed while the load is in flight; raw_get unpacks element e.
+// 4 words, two elements each), left packed while the load is in flight; raw_to_f32 unpacks them.
 template <int kPart>
 constexpr int kRawWords = kPart == kRsPartF32 ? 8 : 4;
 template <int kPart>
@@ -125,10 +125,10 @@ RAWFLUX_DEVICE void raw_to_f32(const u32 (&w)[kRawWords<kPart>], float (&v)[8]) 
 
 // Sums a unit's 8-column chunks idx = tid, tid + nthreads, ... (of `chunks`, chunks_per_row to a
 // row) over the W sources and stores them: kChunks chunks per thread per step, the loads of kSrc
-// sources of each issued together before the first sum. The tail reduction after the GEMM is
-// bound by the loads each thread keeps in flight (measured on two H200s, 2026-11-29: one chunk at
-// a time moved ~0.7 TB/s). Every element is still summed over q = 0, 1, ..., W-1 in that order,
-// so the bits do not depend on kChunks or kSrc.
+// sources of each issued together before the first sum, so that a thread keeps more loads in
+// flight (two H200s, 2026-11-29: the tail 0.266-0.273 ms against 0.276-0.284 with one chunk at a
+// time; most of the tail was the unit counter, see claim_unit). Every element is still summed over
+// q = 0, 1, ..., W-1 in that order, so the bits do not depend on kChunks or kSrc.
 template <int kPart, int kOut, int kChunks, int kSrc>
 RAWFLUX_DEVICE void reduce_chunks(const RsReduceParams& p, i32 world, i64 slot_elems, i32 row0, i32 c0, i32 chunks_per_row,
                                   i32 chunks, i32 tid, i32 nthreads) {
