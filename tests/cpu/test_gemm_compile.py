@@ -196,3 +196,39 @@ def test_epilogue_scratch_matches_host():
     assert broken != src
     with pytest.raises(Exception, match="scratch"):
         compile_cubin(broken, arch="sm_90a")
+
+
+# --------------------------------------------------------------------------------------------
+# RAWFLUX_DESC_STEP (mainloop_sm90.cuh): a k16 step's wgmma descriptor as the stage's step-0
+# descriptor plus a 32-bit add (ptx::desc_step) equals the descriptor built from the stepped address
+
+
+def _smem_desc(addr: int, lbo: int, sbo: int) -> int:
+    """ptx::smem_desc (ptx/wgmma.cuh), bit for bit."""
+    return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16) | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62)
+
+
+def _desc_step(desc: int, nbytes: int) -> int:
+    """ptx::desc_step."""
+    return (desc & 0xFFFFFFFF00000000) | (((desc & 0xFFFFFFFF) + (nbytes >> 4)) & 0xFFFFFFFF)
+
+
+def test_desc_step_equals_the_stepped_descriptor_at_every_shared_address():
+    for lbo, steps in ((16, (32, 64, 96)), (8192, (2048, 4096, 6144))):  # K-major A / B; MN-major B (kn)
+        for addr in range(0, tune.SMEM_PER_CTA, 16):
+            base = _smem_desc(addr, lbo, 1024)
+            for nbytes in steps:
+                if addr + nbytes < tune.SMEM_PER_CTA:
+                    assert _desc_step(base, nbytes) == _smem_desc(addr + nbytes, lbo, 1024), (addr, nbytes)
+    # the add would carry out of a 14-bit field only past 2^18 bytes, which shared memory never reaches
+    assert tune.SMEM_PER_CTA + 6144 < 1 << 18
+    assert _desc_step(_smem_desc(0x3FFF0, 16, 1024), 32) != _smem_desc(0x3FFF0 + 32, 16, 1024)
+
+
+def test_desc_step_variant_compiles_without_spills():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    v = next(v for v in variants() if "GemmCfg<128,256,64,4,2,1,2,0,0,0>, rawflux::StreamKSched" in v.name_expr)
+    res = compile_cubin(kernel_source(v.relpath), arch="sm_90a", name_expressions=(v.name_expr,), filename=v.relpath,
+                        extra_options=tuple(v.extra_options) + ("-DRAWFLUX_DESC_STEP=1",))
+    r = res.resources[res.lowered[v.name_expr]]
+    assert r["spill_stores"] == 0 and r["stack"] == 0 and "C7512" not in res.log

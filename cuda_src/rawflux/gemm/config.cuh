@@ -48,6 +48,15 @@ constexpr bool kOrderedIssue = RAWFLUX_ORDERED_ISSUE != 0;
 // Most staging buffers per consumer warpgroup for the TmaStore epilogue (policies.cuh); 0 stores
 // C from registers as LocalStore does (A/B). The host reserves shared memory for 2 regardless.
 constexpr int kTmaStoreBufsMax = RAWFLUX_TMA_STORE_BUFS;
+#ifndef RAWFLUX_DESC_STEP
+#define RAWFLUX_DESC_STEP 0
+#endif
+// 1 (experiment, not measured yet): a k16 step's wgmma descriptors are the stage's step-0
+// descriptors plus the step's offset in the address field (32 bytes = 2 for a K-major operand),
+// which lets the compiler build each descriptor once per stage instead of once per step
+// (docs/gemm-notes.md, session 7). The same descriptors either way: shared addresses stay below
+// 2^18 bytes, so the 14-bit field never carries (tests/cpu check every address).
+constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
 #ifndef RAWFLUX_PROBE
 #define RAWFLUX_PROBE 0
 #endif

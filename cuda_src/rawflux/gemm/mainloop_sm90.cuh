@@ -260,12 +260,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // step of a tile overwrites the accumulators.
     auto mma = [&](int c, int kk, u32 a_base, u32 b_base, bool first_block) {
       float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
-      const u64 da = ptx::smem_desc(a_base + kk * 32, 16, 1024);
-      u64 db;
-      if constexpr (Cfg::kBLayout == kLayoutNK) {
-        db = ptx::smem_desc(b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes + kk * 32, 16, 1024);
+      u64 da, db;
+      if constexpr (kDescStep) {  // step kk = step 0 + its byte offset / 16 in the address field
+        da = ptx::desc_step(ptx::smem_desc(a_base, 16, 1024), kk * 32);
+        if constexpr (Cfg::kBLayout == kLayoutNK) {
+          db = ptx::desc_step(ptx::smem_desc(b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes, 16, 1024), kk * 32);
+        } else {
+          db = ptx::desc_step(ptx::smem_desc(b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes, Cfg::kChunkBytes, 1024), kk * 16 * 128);
+        }
       } else {
-        db = ptx::smem_desc(b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes + kk * 16 * 128, Cfg::kChunkBytes, 1024);
+        da = ptx::smem_desc(a_base + kk * 32, 16, 1024);
+        if constexpr (Cfg::kBLayout == kLayoutNK) {
+          db = ptx::smem_desc(b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes + kk * 32, 16, 1024);
+        } else {
+          db = ptx::smem_desc(b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes + kk * 16 * 128, Cfg::kChunkBytes, 1024);
+        }
       }
       ptx::Wgmma<Cfg::kWgmmaN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc_c, da, db, (!first_block || kk > 0) ? 1u : 0u);
     };
