@@ -194,22 +194,6 @@ def _torch_symm_group(ctx) -> str:
     return _torch_pg_name
 
 
-def close_torch_group(comm) -> None:
-    """Collective: tear down the torch.distributed group the SymmetricMemory rows formed, if any,
-    every rank together (a rank leaving first takes the rendezvous store with it, and its peers'
-    NCCL watchdogs then print stack traces at exit)."""
-    global _torch_pg_name
-    if _torch_pg_name is None:
-        return
-    import torch.distributed as dist
-
-    comm.Barrier()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _torch_pg_name = None
-    comm.Barrier()
-
-
 def _free_port() -> int:
     import socket
 

@@ -178,7 +178,6 @@ def main(argv=None) -> int:
         build_parser().error(f"--impl: no impl named {', '.join(unknown)} (registered: {', '.join(sorted(known))})")
     group = init_group()
     run(args, group, GpuSide(group, args), sys.argv if argv is None else list(argv))
-    builtin.close_torch_group(group.comm)  # collective; after a normal end only (a failed rank aborts the job)
     return 0
 
 

@@ -356,12 +356,3 @@ def test_delay_kernel_compiles_without_spills():
         assert r["spill_stores"] == 0 and r["stack"] == 0
     assert math.isfinite(timing.HOST_LAUNCH_US)
 
-
-def test_close_torch_group_is_a_no_op_without_torch_rows():
-    from rawflux.bench import builtin
-
-    class _Comm:
-        def Barrier(self):
-            raise AssertionError("no collective when torch was never set up")
-
-    builtin.close_torch_group(_Comm())
