@@ -69,6 +69,16 @@ def nvrtc_defines() -> tuple[str, ...]:
     return tuple(out)
 
 
+def nvrtc_define_int(name: str, default: int) -> int:
+    """The integer RAWFLUX_NVRTC_DEFINES sets `name` to, else `default` (host code that mirrors a
+    compile-time switch, e.g. the shared memory an epilogue reserves)."""
+    for item in os.environ.get("RAWFLUX_NVRTC_DEFINES", "").split():
+        key, _, value = item.partition("=")
+        if key == name:
+            return int(value or 1)
+    return default
+
+
 def wait_timeout_s() -> float:
     """RAWFLUX_WAIT_TIMEOUT_S: bound on every device-side spin-wait (default 10 s)."""
     raw = os.environ.get("RAWFLUX_WAIT_TIMEOUT_S")

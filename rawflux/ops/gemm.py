@@ -82,8 +82,9 @@ def plain_epilogue(out_dtype: DType) -> str:
 
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
 
-# TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), up to two per consumer
-# warpgroup, in what shared memory the stage ring leaves (mirrors TmaStore::bufs in policies.cuh).
+# TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), as many per consumer
+# warpgroup as the shared memory the stage ring leaves holds, up to a fragment's (mirrors TmaStore::bufs
+# in policies.cuh), at most RAWFLUX_TMA_STORE_BUFS (2 unless RAWFLUX_NVRTC_DEFINES sets it).
 _TMA_STORE_BOX_BYTES = 64 * 128
 
 
@@ -93,7 +94,7 @@ def epilogue_scratch_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) ->
         return 0
     free = tune.SMEM_PER_CTA - 1024 - _scratch_offset(tile)  # kScratchFree in policies.cuh
     per_buf = _TMA_STORE_BOX_BYTES * tile.consumers
-    return (2 if free >= 2 * per_buf else 1 if free >= per_buf else 0) * per_buf
+    return min(free // per_buf, tile.wn // 64, env.nvrtc_define_int("RAWFLUX_TMA_STORE_BUFS", 2)) * per_buf
 
 
 def _scratch_offset(tile: TileConfig) -> int:

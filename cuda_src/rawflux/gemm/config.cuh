@@ -39,23 +39,36 @@ struct GemmParams {
 #ifndef RAWFLUX_ORDERED_ISSUE
 #define RAWFLUX_ORDERED_ISSUE 1
 #endif
-// 1: the two consumer warpgroups take turns issuing their per-stage wgmma groups (named barriers;
-// see the main loop). Measured 2026-11-29: +8 points of cuBLAS in the bare wgmma loop, +2 in full.
+// 1: with RAWFLUX_WAIT0=0 only, the two consumer warpgroups take turns issuing their per-stage
+// wgmma groups (named barriers; see the main loop). Measured 2026-11-29 (session 4): +8 points of
+// cuBLAS in the bare wgmma loop, +2 in full; RAWFLUX_WAIT0 (session 8) does better without barriers.
 constexpr bool kOrderedIssue = RAWFLUX_ORDERED_ISSUE != 0;
+#ifndef RAWFLUX_WAIT0
+#define RAWFLUX_WAIT0 1
+#endif
+// 1 (default since session 8): each consumer warpgroup waits for its own stage's wgmma group right
+// after issuing it (wgmma.wait_group 0) and releases that stage at once, with no turn barriers.
+// The warpgroups stagger themselves: a group queues behind the other warpgroup's, and each
+// warpgroup reissues while the other's group runs. 0: one group in flight per warpgroup and
+// ordered issue (RAWFLUX_ORDERED_ISSUE). Measured 2026-11-29 (benchmarks/results/
+// gemm-variants-2026-11-29-s8): 0.911 -> 0.949 of cuBLAS (median, 9 points m >= 1024), bare loop
+// 0.958 -> 0.985.
+constexpr bool kWait0 = RAWFLUX_WAIT0 != 0;
 #ifndef RAWFLUX_TMA_STORE_BUFS
 #define RAWFLUX_TMA_STORE_BUFS 2
 #endif
 // Most staging buffers per consumer warpgroup for the TmaStore epilogue (policies.cuh); 0 stores
-// C from registers as LocalStore does (A/B). The host reserves shared memory for 2 regardless.
+// C from registers as LocalStore does (A/B). The host mirrors it (ops.gemm.epilogue_scratch_bytes
+// reads the define from RAWFLUX_NVRTC_DEFINES).
 constexpr int kTmaStoreBufsMax = RAWFLUX_TMA_STORE_BUFS;
 #ifndef RAWFLUX_DESC_STEP
-#define RAWFLUX_DESC_STEP 0
+#define RAWFLUX_DESC_STEP 1
 #endif
-// 1 (experiment, not measured yet): a k16 step's wgmma descriptors are the stage's step-0
-// descriptors plus the step's offset in the address field (32 bytes = 2 for a K-major operand),
-// which lets the compiler build each descriptor once per stage instead of once per step
-// (docs/gemm-notes.md, session 7). The same descriptors either way: shared addresses stay below
-// 2^18 bytes, so the 14-bit field never carries (tests/cpu check every address).
+// 1 (default since session 8): a k16 step's wgmma descriptors are the stage's step-0 descriptors
+// plus the step's offset in the address field (32 bytes = 2 for a K-major operand), so each
+// descriptor is built once per stage instead of once per step (docs/gemm-notes.md, session 7).
+// The same descriptors either way: shared addresses stay below 2^18 bytes, so the 14-bit field
+// never carries (tests/cpu check every address). Measured with RAWFLUX_WAIT0: 0.949 -> 0.956.
 constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
 #ifndef RAWFLUX_PROBE
 #define RAWFLUX_PROBE 0

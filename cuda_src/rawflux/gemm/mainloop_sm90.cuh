@@ -3,10 +3,12 @@
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
 //     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
 //     cluster peer for the shared operand).
-//   warpgroups 1..kConsumers (232 registers): wait for a full stage, issue 4 k16 steps of wgmma on
-//     it (one wgmma per step, two side by side along n when the warpgroup's N exceeds 256), keep
-//     one stage of wgmma in flight, release the previous stage to the producer(s) of the
-//     cluster; after the last k block, split-K fix-up if any, then Epilogue::store.
+//   warpgroups 1..kConsumers (232 registers requested; ptxas keeps every instruction within the
+//     launch's 168): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
+//     two side by side along n when the warpgroup's N exceeds 256), wait for that group and
+//     release the stage to the producer(s) of the cluster (kWait0; the warpgroups' groups then
+//     alternate on the tensor pipe); after the last k block, split-K fix-up if any, then
+//     Epilogue::store.
 //
 // Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
 // full[kStages] and empty[kStages] mbarriers. Tiles use the 128-byte swizzle of the TMA maps.
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // previous group and issues its next (issued together, both groups end together and the pipe
     // drains while both reissue). Warpgroup c waits for its turn on barrier kIssueBarrierBase + c;
     // the other arrives there once it has issued.
-    constexpr bool kOrdered = kOrderedIssue && Cfg::kConsumers == 2;
+    constexpr bool kOrdered = kOrderedIssue && !kWait0 && Cfg::kConsumers == 2;
     constexpr u32 kTurnThreads = 128 * Cfg::kConsumers;
     // Turns order wgmma issue only; the data the wgmma read is ordered by the stage barriers.
     auto wait_turn = [&] {
@@ -315,20 +317,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
-        if constexpr (kOrdered) pass_turn();
-        if (i > 0) {
-          ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
-          release(prev_stage);
+        if constexpr (kWait0) {
+          ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
+          release(stage);
+        } else {
+          if constexpr (kOrdered) pass_turn();
+          if (i > 0) {
+            ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
+            release(prev_stage);
+          }
+          prev_stage = stage;
         }
-        prev_stage = stage;
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
         }
       }
-      ptx::wgmma_wait<0>();
+      if constexpr (!kWait0) {
+        ptx::wgmma_wait<0>();
+        release(prev_stage);
+      }
       ptx::reg_fence(acc);
-      release(prev_stage);
 
       TileCoord tc;
       tc.tile_m = w.tile_m;
@@ -348,7 +357,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     Epilogue::template finish<Cfg>(epi, tid);
   }
-  if constexpr (kOrderedIssue && Cfg::kConsumers == 2) {
+  if constexpr (kOrderedIssue && !kWait0 && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,
     // outside the consumer branch: inside it, ptxas runs out of registers for the 128x320 tile
     // and serializes its wgmma, C7512.)

@@ -100,7 +100,8 @@ struct TmaStore {
   static constexpr int bufs() {
     if (Cfg::kOut == kTypeF32 || Cfg::kWN % 64 != 0) return 0;
     constexpr int kFree = kScratchFree<Cfg>;
-    constexpr int kFit = kFree >= 2 * kBoxBytes * Cfg::kConsumers ? 2 : kFree >= kBoxBytes * Cfg::kConsumers ? 1 : 0;
+    constexpr int kRoom = kFree / (kBoxBytes * Cfg::kConsumers);  // boxes per warpgroup that fit
+    constexpr int kFit = kRoom < Cfg::kWN / 64 ? kRoom : Cfg::kWN / 64;  // more than a fragment's boxes is no use
     return kFit < kTmaStoreBufsMax ? kFit : kTmaStoreBufsMax;
   }
 
