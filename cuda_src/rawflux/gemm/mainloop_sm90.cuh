@@ -282,11 +282,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     constexpr int kSteps = Cfg::kBK / 16;
 
-    // Ordered issue (kOrderedIssue): the two consumer warpgroups take turns issuing their stage's
-    // wgmma group, so the tensor pipe runs one warpgroup's group while the other waits for its
-    // previous group and issues its next (issued together, both groups end together and the pipe
-    // drains while both reissue). Warpgroup c waits for its turn on barrier kIssueBarrierBase + c;
-    // the other arrives there once it has issued.
+    // Issue order. Default (kWait0): each warpgroup waits for its own stage's group right after
+    // issuing it, so while one warpgroup waits and reissues, the other's group runs, and the pipe
+    // always holds the next group. Without kWait0, ordered issue (kOrderedIssue): the two
+    // consumer warpgroups take turns issuing their stage's wgmma group, so the tensor pipe runs
+    // one warpgroup's group while the other waits for its previous group and issues its next
+    // (issued together, both groups end together and the pipe drains while both reissue).
+    // Warpgroup c waits for its turn on barrier kIssueBarrierBase + c; the other arrives there
+    // once it has issued.
     constexpr bool kOrdered = kOrderedIssue && !kWait0 && Cfg::kConsumers == 2;
     constexpr u32 kTurnThreads = 128 * Cfg::kConsumers;
     // Turns order wgmma issue only; the data the wgmma read is ordered by the stage barriers.
