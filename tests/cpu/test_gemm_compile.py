@@ -232,3 +232,24 @@ def test_desc_step_variant_compiles_without_spills():
                         extra_options=tuple(v.extra_options) + ("-DRAWFLUX_DESC_STEP=1",))
     r = res.resources[res.lowered[v.name_expr]]
     assert r["spill_stores"] == 0 and r["stack"] == 0 and "C7512" not in res.log
+
+
+@pytest.mark.parametrize("bufs", ["0", "1", "4"])
+def test_epilogue_scratch_follows_the_define(monkeypatch, bufs):
+    """RAWFLUX_TMA_STORE_BUFS set through RAWFLUX_NVRTC_DEFINES moves the kernel's staging and the
+    host's reserve together (a kernel staging more than the launch reserved would write past it)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", f"RAWFLUX_TMA_STORE_BUFS={bufs}")
+    big = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+    # 128 x 256 with 4 stages has room for 2 boxes per warpgroup, whatever the define allows beyond
+    assert g.epilogue_scratch_bytes(big, "rawflux::TmaStore", DType.BF16) == min(int(bufs), 2) * 2 * 8192
+    compile_cubin(_scratch_asserts(), arch="sm_90a")
+
+
+def test_nvrtc_define_int(monkeypatch):
+    from rawflux import env
+
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_PROBE=3 RAWFLUX_WAIT0")
+    assert env.nvrtc_define_int("RAWFLUX_PROBE", 0) == 3
+    assert env.nvrtc_define_int("RAWFLUX_WAIT0", 0) == 1  # NAME alone defines it as 1, as -DNAME does
+    assert env.nvrtc_define_int("RAWFLUX_TMA_STORE_BUFS", 2) == 2
