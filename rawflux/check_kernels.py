@@ -1,5 +1,5 @@
 """CPU check: compile every registered kernel variant to cubin for each of its architectures and
-fail on any register spill, local-memory stack frame or serialized wgmma (ptxas advisory C7512:
+fail on any register spill, local-memory stack frame or serialized wgmma (ptxas advisory C7512, C7519:
 the wgmma of a kernel then run one at a time, a silent large slowdown). Needs NVRTC, no GPU.
 
     python -m rawflux.check_kernels [--arch sm_90a] [--json out.json]
@@ -16,7 +16,9 @@ from rawflux.jit import CompileError, compile_cubin, kernel_source, variants
 
 
 # ptxas: "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to ..."
-_WGMMA_SERIALIZED = "C7512"
+# (C7512: registers; C7519: a wgmma commit / wait on a path ptxas cannot prove uniform; the text
+# is the same for every reason)
+_WGMMA_SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
 def check(arch_filter=None) -> tuple[list[dict], list[str]]:

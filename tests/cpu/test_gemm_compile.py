@@ -29,6 +29,9 @@ def test_variant_compiles_without_spills(v):
     assert res["stack"] == 0, res
     assert res["registers"] <= 168, res  # 384 threads, 1 CTA per SM: the cap at entry (setmaxnreg moves it later)
     assert "C7508" not in r.log, "ptxas ignored setmaxnreg"
+    # C7512 / C7519 and kin: ptxas made every wgmma wait for the previous one (registers, or a
+    # commit / wait under a branch it cannot prove uniform): a silent 2-4x slowdown.
+    assert "instructions are serialized" not in r.log, [l for l in r.log.splitlines() if "serialized" in l]
 
 
 def test_smem_fits_and_stages():

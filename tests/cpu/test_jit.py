@@ -291,12 +291,15 @@ def test_parse_resources_of_a_real_spilling_compile(src):
     assert r["registers"] > 24 and (r["stack"], r["spill_stores"], r["spill_loads"]) == (0, 0, 0)
 
 
-def test_check_kernels_reports_serialized_wgmma(monkeypatch):
-    """A ptxas C7512 advisory (wgmma serialized) fails the check like a spill does."""
+@pytest.mark.parametrize("code, why", [("C7512", "insufficient register resources for the function '_Z1kv'"),
+                                       ("C7519", "program dependence on compiler-inserted WG.AR in divergent path in the function '_Z1kv'")])
+def test_check_kernels_reports_serialized_wgmma(monkeypatch, code, why):
+    """A ptxas advisory that wgmma are serialized (C7512: registers; C7519: a commit / wait under a
+    branch) fails the check like a spill does."""
     from rawflux import check_kernels
 
-    log = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
-           "insufficient register resources for the function '_Z1kv'\n"
+    log = (f"ptxas info    : ({code}) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           f"{why}\n"
            "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90a'\n"
            "ptxas info    : Function properties for _Z1kv\n"
            "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
@@ -307,7 +310,7 @@ def test_check_kernels_reports_serialized_wgmma(monkeypatch):
     monkeypatch.setattr(check_kernels, "compile_cubin", lambda *a, **k: result[0])
     monkeypatch.setattr(check_kernels, "kernel_source", lambda relpath: "")
     rows, problems = check_kernels.check()
-    assert len(rows) == 1 and len(problems) == 1 and "C7512" in problems[0]
+    assert len(rows) == 1 and len(problems) == 1 and code in problems[0]
     result[0] = dataclasses.replace(fake, log="".join(log.splitlines(keepends=True)[1:]))  # no advisory
     assert check_kernels.check()[1] == []
 
