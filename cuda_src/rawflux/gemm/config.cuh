@@ -54,14 +54,6 @@ constexpr bool kOrderedIssue = RAWFLUX_ORDERED_ISSUE != 0;
 // gemm-variants-2026-11-29-s8): 0.911 -> 0.949 of cuBLAS (median, 9 points m >= 1024), bare loop
 // 0.958 -> 0.985.
 constexpr bool kWait0 = RAWFLUX_WAIT0 != 0;
-#ifndef RAWFLUX_ISSUE_AHEAD
-#define RAWFLUX_ISSUE_AHEAD 0
-#endif
-// Experiment (session 8, off): k16 steps of a stage a consumer warpgroup issues BEFORE it waits
-// for the previous stage's group (then releases that stage and issues the rest), so a warpgroup
-// keeps tensor work queued across its own wait, as cuBLAS's main loop does (docs/gemm-notes.md,
-// session 3). 0: RAWFLUX_WAIT0 / ordered issue as above. Takes precedence over both when > 0.
-constexpr int kIssueAhead = RAWFLUX_ISSUE_AHEAD;
 #ifndef RAWFLUX_TMA_STORE_BUFS
 #define RAWFLUX_TMA_STORE_BUFS 2
 #endif

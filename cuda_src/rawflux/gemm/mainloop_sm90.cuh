@@ -290,10 +290,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // (issued together, both groups end together and the pipe drains while both reissue).
     // Warpgroup c waits for its turn on barrier kIssueBarrierBase + c; the other arrives there
     // once it has issued.
-    constexpr bool kAhead = kIssueAhead > 0;
-    static_assert(kIssueAhead >= 0 && kIssueAhead < kSteps, "RAWFLUX_ISSUE_AHEAD: 0 .. k16 steps per stage - 1");
-    constexpr bool kWaitOwn = kWait0 && !kAhead;
-    constexpr bool kOrdered = kOrderedIssue && !kWait0 && !kAhead && Cfg::kConsumers == 2;
+    constexpr bool kOrdered = kOrderedIssue && !kWait0 && Cfg::kConsumers == 2;
     constexpr u32 kTurnThreads = 128 * Cfg::kConsumers;
     // Turns order wgmma issue only; the data the wgmma read is ordered by the stage barriers.
     auto wait_turn = [&] {
@@ -311,50 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     while (sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
-      if constexpr (kAhead) {
-        // Stage 0 of the unit whole, then per stage: its first kIssueAhead k16 steps queue behind
-        // the previous stage's group before this warpgroup waits for that group; the rest follow
-        // the release. Straight-line code: wgmma commits and waits under a branch make ptxas
-        // serialize every wgmma (C7519).
-        auto next_stage = [&] {
-          prev_stage = stage;
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1u;
-          }
-        };
-        ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
-        ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
-#pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-#pragma unroll
-          for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base0 + stage * Cfg::kStageABytes, b_base0 + stage * Cfg::kStageBBytes, true);
-        }
-        ptx::wgmma_commit();
-        next_stage();
-        for (i32 i = 1; i < nkb; ++i) {
-          ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
-          const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
-          const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
-          ptx::wgmma_fence();  // (no register access since the last wgmma; ptxas keeps groups in flight only with a fence per stage)
-#pragma unroll
-          for (int kk = 0; kk < kIssueAhead; ++kk) {
-#pragma unroll
-            for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, false);
-          }
-          ptx::wgmma_commit();
-          ptx::wgmma_wait<1>();  // the previous stage's groups have finished reading it
-          release(prev_stage);
-#pragma unroll
-          for (int kk = kIssueAhead; kk < kSteps; ++kk) {
-#pragma unroll
-            for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, false);
-          }
-          ptx::wgmma_commit();
-          next_stage();
-        }
-      }
-      for (i32 i = 0; i < (kAhead ? 0 : nkb); ++i) {
+      for (i32 i = 0; i < nkb; ++i) {
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
         const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
         const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
@@ -366,7 +320,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
-        if constexpr (kWaitOwn) {
+        if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
           release(stage);
         } else {
@@ -382,7 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           phase ^= 1u;
         }
       }
-      if constexpr (!kWaitOwn) {
+      if constexpr (!kWait0) {
         ptx::wgmma_wait<0>();
         release(prev_stage);
       }
@@ -406,7 +360,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     Epilogue::template finish<Cfg>(epi, tid);
   }
-  if constexpr (kOrderedIssue && !kWait0 && kIssueAhead == 0 && Cfg::kConsumers == 2) {
+  if constexpr (kOrderedIssue && !kWait0 && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,
     // outside the consumer branch: inside it, ptxas runs out of registers for the 128x320 tile
     // and serializes its wgmma, C7512.)
