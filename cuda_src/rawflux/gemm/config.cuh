@@ -76,7 +76,9 @@ constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
 // Development probes (results are garbage; for timing attribution only), a bit mask:
 //   1: the epilogue's stores are skipped at run time (still compiled, so no wgmma is dead code);
 //   2: the producer issues no loads and marks each stage full at once (the consumers' wgmma
-//      rate on stale shared memory, without the operand feed).
+//      rate on stale shared memory, without the operand feed);
+//   4: TmaStore skips its stmatrix writes into the staging boxes (the TMA stores still run);
+//   8: TmaStore skips its TMA stores (the staging writes still run).
 constexpr int kProbe = RAWFLUX_PROBE;
 
 // Fewest equal n chunks of a warpgroup's kWN columns with each chunk at most RAWFLUX_WGMMA_N_MAX

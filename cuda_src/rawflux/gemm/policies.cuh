@@ -125,6 +125,9 @@ struct TmaStore {
       const u32 half = (lane / 8) % 2, next_block = lane / 16;
       const u32 row = 16 * warp + 8 * half + lane % 8;  // in the warpgroup's 64-row fragment
       const u32 row_addr = tc.scratch + tc.consumer * kBufs * kBoxBytes + row * 128;
+      // Probes 4 / 8 (config.cuh): decided at run time, so the compiler keeps what they skip.
+      const bool skip_stsm = (kProbe & 4) != 0 && p.k_blocks > 0;
+      const bool skip_tma = (kProbe & 8) != 0 && p.k_blocks > 0;
 #pragma unroll
       for (int c = 0; c < Cfg::kWN / 64; ++c) {
         const u32 buf = (u32)((c % kBufs) * kBoxBytes);
@@ -134,6 +137,7 @@ struct TmaStore {
         ptx::named_barrier_sync(bar, 128);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
+          if (skip_stsm) break;
           const int jb = 8 * c + 2 * q;  // n8 blocks jb, jb + 1 of the fragment
           const u32 unit = (u32)(2 * q) + next_block;  // 16-byte unit in the box's 128-byte row
           ptx::stmatrix_x4(row_addr + buf + ((unit ^ (row & 7u)) << 4),  // 128-byte swizzle, as the tensor map
@@ -142,7 +146,7 @@ struct TmaStore {
         }
         ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
         ptx::named_barrier_sync(bar, 128);
-        if (tc.tid == 0) {
+        if (tc.tid == 0 && !skip_tma) {
           ptx::tma_store_2d(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
           ptx::bulk_commit();
         }
