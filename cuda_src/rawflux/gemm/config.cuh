@@ -70,11 +70,6 @@ constexpr int kTmaStoreBufsMax = RAWFLUX_TMA_STORE_BUFS;
 // The same descriptors either way: shared addresses stay below 2^18 bytes, so the 14-bit field
 // never carries (tests/cpu check every address). Measured with RAWFLUX_WAIT0: 0.949 -> 0.956.
 constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
-#ifndef RAWFLUX_C_EVICT_FIRST
-#define RAWFLUX_C_EVICT_FIRST 0
-#endif
-// Experiment (session 8, off): TmaStore writes C with an L2 evict-first policy.
-constexpr bool kCEvictFirst = RAWFLUX_C_EVICT_FIRST != 0;
 #ifndef RAWFLUX_PROBE
 #define RAWFLUX_PROBE 0
 #endif

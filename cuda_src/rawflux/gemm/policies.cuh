@@ -147,11 +147,7 @@ struct TmaStore {
         ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
         ptx::named_barrier_sync(bar, 128);
         if (tc.tid == 0 && !skip_tma) {
-          if constexpr (kCEvictFirst) {
-            ptx::tma_store_2d_evict_first(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
-          } else {
-            ptx::tma_store_2d(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
-          }
+          ptx::tma_store_2d(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
           ptx::bulk_commit();
         }
       }

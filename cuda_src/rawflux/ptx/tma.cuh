@@ -47,18 +47,6 @@ RAWFLUX_DEVICE void tma_store_2d(const TensorMap* map, u32 src_smem, i32 c0, i32
                : "memory");
 }
 
-// tma_store_2d with an L2 evict-first policy on the written lines (C is not read again by this
-// kernel; it should not push the operands' lines out of L2).
-RAWFLUX_DEVICE void tma_store_2d_evict_first(const TensorMap* map, u32 src_smem, i32 c0, i32 c1) {
-  asm volatile(
-      "{\n.reg .b64 policy;\n"
-      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], policy;\n}\n" ::"l"(
-          reinterpret_cast<u64>(map)),
-      "r"(src_smem), "r"(c0), "r"(c1)
-      : "memory");
-}
-
 // Closes this thread's bulk async-group of the stores issued since the last commit.
 RAWFLUX_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
