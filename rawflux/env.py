@@ -72,8 +72,8 @@ def nvrtc_defines() -> tuple[str, ...]:
 def nvrtc_define_int(name: str, default: int) -> int:
     """The integer RAWFLUX_NVRTC_DEFINES sets `name` to, else `default` (host code that mirrors a
     compile-time switch, e.g. the shared memory an epilogue reserves)."""
-    for item in os.environ.get("RAWFLUX_NVRTC_DEFINES", "").split():
-        key, _, value = item.partition("=")
+    for opt in nvrtc_defines():  # "-DNAME" or "-DNAME=VALUE", validated there
+        key, _, value = opt[2:].partition("=")
         if key == name:
             return int(value or 1)
     return default
