@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="time every compiled tile shape (and split-K options) per shape")
     ap.add_argument("--tiles", default="", help="tile tags (e.g. 128x320x64s4c2x1w2) also timed at every point, split-K off, "
                     "raster as the heuristic picks it; rows 'rawflux[<tile>]'")
+    ap.add_argument("--configs", default="", help="full config tags (e.g. 128x128x64s7c2x1w2/k2/g8m/p0, as GemmConfig.tag() "
+                    "writes them) also timed at every point; rows 'rawflux{<tag>}'")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile 2000 small rawflux.gemm calls")
@@ -121,6 +123,7 @@ def main(argv=None) -> int:
     print(f"{gpu}, driver {driver}, {info.sms} SMs, commit {commit}, tune mode {env.tune_mode()}", flush=True)
 
     extra_tiles = [tune.parse_tag(t + "/k1/g8m/p0").tile for t in args.tiles.split(",") if t]
+    extra_cfgs = [tune.parse_tag(t) for t in args.configs.split(",") if t]
     shapes = SHAPES_NK if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     ms = [int(x) for x in args.ms.split(",")]
     rows, sweep_rows = [], []
@@ -217,6 +220,7 @@ def main(argv=None) -> int:
                 for tt in extra_tiles:
                     tm, tn = -(-m // tt.bm), -(-n // tt.bn)
                     extra.append(tune.GemmConfig(tt, 1, 8, tm > tn))
+                extra += extra_cfgs
                 for c in extra:
                     fns.append(lambda i, c=c: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=c))
                 times = bench_many(fns, nsets, args.reps)
@@ -228,8 +232,9 @@ def main(argv=None) -> int:
                     tf_b = record("rawflux-tuned", m, n, k, dt, times[3], best.tag())
                     line += f"  tuned {tf_b:6.1f} ({tf_b / max(tf_t, tf_c):.3f}) [{best.tag()}]"
                 for j, c in enumerate(extra):
-                    tf_x = record(f"rawflux[{c.tile.tag()}]", m, n, k, dt, times[len(times) - len(extra) + j], c.tag())
-                    line += f"  {c.tile.tag()} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
+                    label = f"rawflux[{c.tile.tag()}]" if j < len(extra) - len(extra_cfgs) else f"rawflux{{{c.tag()}}}"
+                    tf_x = record(label, m, n, k, dt, times[len(times) - len(extra) + j], c.tag())
+                    line += f"  {label[7:]} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
                 print(line, flush=True)
                 if args.sweep and dt == "bf16":
                     seen = set()
@@ -250,7 +255,8 @@ def main(argv=None) -> int:
     # Summary: ratio of rawflux to the faster cuBLAS per point, and the bar.
     print("\nsummary (ratio = rawflux TF/s / faster cuBLAS TF/s)")
     for dt in args.dtypes.split(","):
-        for impl in ("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles):
+        for impl in (("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles)
+                     + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs)):
             big, small = [], []
             for r in rows:
                 if r["impl"] != impl or r["dtype"] != dt:

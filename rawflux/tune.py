@@ -136,6 +136,13 @@ TILES: dict[TileConfig, float] = {
     _tile(128, 192, cluster_m=2): 1.02,
     _tile(128, 192): 0.98,
     _tile(128, 128): 0.77,
+    # 128x224 (cluster 2x1, session 9): where n = 28672 is cut in 128 columns of tiles, its waves
+    # quantize best at small m (m = 512: 512 tiles, 3.9 waves, against 2.7 for 128x320). Measured
+    # there: 0.944-0.950 of cuBLAS at m = 512 (128x320: 0.909-0.912) and 1.03-1.05 at m = 256
+    # (128x256: 0.95-0.96); on the other shapes it loses (0.56-0.87). With rate 1.00 the model picks
+    # it at m = 256 and 512 with n = 28672 only. Its C is stored from registers: 224 columns are not
+    # whole 64-column TMA boxes.
+    _tile(128, 224, cluster_m=2): 1.00,
     _tile(64, 256): 0.70,
     _tile(64, 128): 0.62,
     # 128 x 320: two m64n160 wgmma per k16 step per warpgroup (the tile cuBLAS picks for large
