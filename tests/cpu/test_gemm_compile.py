@@ -257,3 +257,18 @@ def test_nvrtc_define_int(monkeypatch):
     assert env.nvrtc_define_int("RAWFLUX_PROBE", 0) == 3
     assert env.nvrtc_define_int("RAWFLUX_WAIT0", 0) == 1  # NAME alone defines it as 1, as -DNAME does
     assert env.nvrtc_define_int("RAWFLUX_TMA_STORE_BUFS", 2) == 2
+
+
+def test_trace_build_compiles_without_spills_and_default_has_no_trace():
+    """RAWFLUX_TRACE=1 (benchmarks/gemm_trace.py) compiles the timeline stamps and their module global
+    without spills; the default build has neither."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    for tag in ("GemmCfg<128,256,64,4,2,1,2,0,0,0>, rawflux::StreamKSched", "GemmCfg<64,128,64,8,1,1,2,0,0,0>, rawflux::StreamKSched"):
+        v = next(v for v in variants() if tag in v.name_expr)
+        for trace in (True, False):
+            opts = tuple(v.extra_options) + (("-DRAWFLUX_TRACE=1",) if trace else ())
+            res = compile_cubin(kernel_source(v.relpath), arch="sm_90a", name_expressions=(v.name_expr,), filename=v.relpath,
+                                extra_options=opts)
+            r = res.resources[res.lowered[v.name_expr]]
+            assert r["spill_stores"] == 0 and r["stack"] == 0 and "serialized" not in res.log, (tag, trace)
+            assert (b"rawflux_trace" in res.cubin) == trace, (tag, trace)

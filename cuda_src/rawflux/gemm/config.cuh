@@ -81,6 +81,13 @@ constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
 //   8: TmaStore skips its TMA stores (the staging writes still run).
 constexpr int kProbe = RAWFLUX_PROBE;
 
+#ifndef RAWFLUX_TRACE
+#define RAWFLUX_TRACE 0
+#endif
+// 1: per-CTA start-up / main-loop / exit timestamps in the module global rawflux_trace
+// (gemm/trace.cuh, benchmarks/gemm_trace.py); development only.
+constexpr bool kTrace = RAWFLUX_TRACE != 0;
+
 // Fewest equal n chunks of a warpgroup's kWN columns with each chunk at most RAWFLUX_WGMMA_N_MAX
 // (and 256) wide and a multiple of `unit` (16 for K-major B, 64 for the kn layout's column chunks).
 constexpr int wgmma_chunks(int wn, int unit) {

@@ -21,6 +21,7 @@
 #include "rawflux/gemm/epilogue.cuh"
 #include "rawflux/gemm/policies.cuh"
 #include "rawflux/gemm/scheduler.cuh"
+#include "rawflux/gemm/trace.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
 #include "rawflux/ptx/tma.cuh"
 #include "rawflux/ptx/wgmma.cuh"
@@ -143,6 +144,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // register-count change would be spilled.
   const u32 wg = threadIdx.x / 128;
 
+  if (kTrace && threadIdx.x == 0) trace_stamp(kTraceEntry);
   if (threadIdx.x == 0) {
     ptx::tma_prefetch_desc(&tmap_a);
     ptx::tma_prefetch_desc(&tmap_b);
@@ -158,6 +160,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     __syncthreads();
   }
+  if (kTrace && threadIdx.x == 0) trace_stamp(kTraceSynced);
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
@@ -182,6 +185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+          if (kTrace && kb == w.kb_begin) trace_stamp(kTraceProducerReady);
           ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
           if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
             ptx::mbar_arrive(&full[stage]);
@@ -219,6 +223,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               }
             }
           }
+          if (kTrace && kb == w.kb_begin) trace_stamp(kTraceFirstLoad);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
@@ -309,7 +314,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
       for (i32 i = 0; i < nkb; ++i) {
+        if (kTrace && threadIdx.x == 128 && i == 0) trace_stamp(kTraceConsumerReady);
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
+        if (kTrace && threadIdx.x == 128 && i == 0) trace_stamp(kTraceFirstData);
         const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
         const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
         if constexpr (kOrdered) wait_turn();
@@ -341,6 +348,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         release(prev_stage);
       }
       ptx::reg_fence(acc);
+      if (kTrace && threadIdx.x == 128) trace_stamp(kTraceLoopEnd);
 
       TileCoord tc;
       tc.tile_m = w.tile_m;
@@ -359,6 +367,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     Epilogue::template finish<Cfg>(epi, tid);
+    if (kTrace && threadIdx.x == 128) trace_stamp(kTraceExit);
   }
   if constexpr (kOrderedIssue && !kWait0 && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,

@@ -1,0 +1,92 @@
+"""Per-CTA timeline of rawflux.gemm: where a launch's time goes (start-up, first data, main loop,
+epilogue / split-K fix-up, the slowest CTA), next to cuBLAS's time for the same problem.
+
+    PYTHONPATH=. python benchmarks/gemm_trace.py [--cases M,N,K[,TAG];...] [--reps 12] [--json PATH]
+
+Builds the kernels with RAWFLUX_TRACE=1 (cuda_src/rawflux/gemm/trace.cuh): each CTA stamps
+%globaltimer at fixed points into the module global `rawflux_trace`. Every rep runs cuBLAS (torch)
+and then rawflux between CUDA events after a short GPU sleep, fresh inputs rotated over 4 sets; the
+table gives, per stamp, microseconds after the first CTA's entry for the median CTA and the slowest
+CTA (each the median over reps). The stamps cost a few global stores: use event times from
+benchmarks/gemm.py for performance, this for attribution.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+os.environ["RAWFLUX_NVRTC_DEFINES"] = (os.environ.get("RAWFLUX_NVRTC_DEFINES", "") + " RAWFLUX_TRACE=1").strip()
+
+STAMPS = ["entry", "synced", "producer_ready", "first_load", "consumer_ready", "first_data", "loop_end", "exit"]
+SLOTS = 8  # kTraceSlots
+CTAS = 1024  # kTraceCtas
+DEFAULT_CASES = ("64,8192,8192;128,8192,8192;256,8192,8192;512,8192,8192;128,8192,8192,128x128x64s7c1w2/k1/g8m/p0;"
+                 "4096,8192,8192")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help="M,N,K[,config tag];... (no tag: the heuristic's pick)")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import cupy
+    import numpy as np
+    import torch
+
+    from rawflux import tune
+    from rawflux.ops import gemm as g
+    from rawflux.runtime import DType
+
+    out = []
+    for case in args.cases.split(";"):
+        parts = case.split(",")
+        m, n, k = (int(x) for x in parts[:3])
+        cfg = tune.parse_tag(parts[3]) if len(parts) > 3 else g.pick_config(m, n, k, DType.BF16, "nk", DType.BF16, 0)
+        sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
+                 torch.empty(m, n, device="cuda", dtype=torch.bfloat16)) for _ in range(4)]
+        for a, w, o in sets * 3:  # compile, warm up
+            g.gemm(a, w, out=o, config=cfg)
+        kern = g.get_kernel("gemm.cu", g.kernel_name(cfg.tile, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED,
+                                                     epilogue=g.plain_epilogue(DType.BF16)), device_id=0, arch="sm_90a")
+        ptr = kern._module.get_global_var("rawflux_trace")
+        buf = cupy.ndarray((CTAS, SLOTS), dtype=cupy.uint64,
+                           memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, CTAS * SLOTS * 8, kern._module), 0))
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        med, slow, times = [], [], []
+        for rep in range(args.reps):
+            a, w, o = sets[rep % 4]
+            a2, w2, o2 = sets[(rep + 1) % 4]
+            buf.fill(0)
+            torch.cuda._sleep(2_000_000)
+            ev[0].record()
+            torch.matmul(a2, w2.T, out=o2)
+            ev[1].record()
+            g.gemm(a, w, out=o, config=cfg)
+            ev[2].record()
+            torch.cuda.synchronize()
+            t = buf.get().astype(np.int64)
+            live = t[t[:, 0] != 0]
+            rel = (live - live[:, 0].min()) / 1000.0
+            med.append(np.median(rel, axis=0))
+            slow.append(rel.max(axis=0))
+            times.append((ev[0].elapsed_time(ev[1]) * 1e3, ev[1].elapsed_time(ev[2]) * 1e3))
+        med_s, slow_s = np.median(np.array(med), axis=0), np.median(np.array(slow), axis=0)
+        row = {"m": m, "n": n, "k": k, "config": cfg.tag(), "ctas": int(len(live)),
+               "cublas_us": statistics.median(x[0] for x in times), "rawflux_us": statistics.median(x[1] for x in times),
+               "median_cta_us": dict(zip(STAMPS, med_s.round(3).tolist())), "slowest_cta_us": dict(zip(STAMPS, slow_s.round(3).tolist()))}
+        out.append(row)
+        print(f"{m}x{n}x{k} [{cfg.tag()}] {row['ctas']} CTAs; events: cuBLAS {row['cublas_us']:.1f} us, rawflux {row['rawflux_us']:.1f} us")
+        print("   " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in zip(STAMPS, med_s, slow_s)), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(0), "rows": out}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
