@@ -346,12 +346,23 @@ class GemmRS(CollectiveOp):
         part_code, part_bytes, _ = PARTIALS[partials]
         # Every rank must build the same op: compare the arguments (bounded) before allocating.
         mine = (self.max_m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[b_layout], part_code)
-        got = bounded_allgather(g, mine, "GemmRS construction")
-        bad = [q for q, v in enumerate(got) if v != got[0]]
+        got = bounded_allgather(g, (mine, sms), "GemmRS construction")
+        bad = [q for q, (v, _) in enumerate(got) if v != got[0][0]]
         if bad:
             names = ("max_m", "n", "k", "dtype", "b_layout", "partials")
-            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
+            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, (v, _) in enumerate(got))
             raise ValueError(f"GemmRS: ranks build the op with different arguments ({listing}); every rank must pass the same")
+        # Every rank must also plan each call alike (tile shape, flag layout): plan for the group's
+        # fewest SMs, so ranks whose devices report different counts (an SM cap under MPS) agree.
+        group_sms = min(q_sms for _, q_sms in got)
+        if group_sms != sms:
+            self.dev = replace(self.dev, sms=group_sms)
+            if reduce_ctas is None:
+                self.reduce_ctas = default_reduce_ctas(group_sms, self.world)
+            if not 1 <= self.reduce_ctas < group_sms:
+                raise ValueError(f"GemmRS: reduce_ctas={self.reduce_ctas} must be in 1..{group_sms - 1} (the group's smallest "
+                                 f"device has {group_sms} SMs)")
+            self.gemm_ctas = group_sms - self.reduce_ctas
         self.parts = self.symmetric(self.max_m * self.n * part_bytes, "parts")
         self.flags = self.symmetric(flags_bytes(self.world, self.tiles_cap), "flags")
         self.prepare_meta_kernels()

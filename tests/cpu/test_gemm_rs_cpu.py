@@ -481,3 +481,29 @@ def test_claim_unit_model_can_fail():
     assert got != list(range(40))
     got = sorted(u for g in _claimers(7, 8, 40, [(3 << 32) | 50], rng, cas_only=True) for u in g)  # the old loop: right, slow
     assert got == list(range(40))
+
+
+def test_ranks_with_different_sm_counts_plan_alike(fake_cuda, monkeypatch):
+    """Devices of one group may report different SM counts (an SM cap under MPS on the emulated
+    node: 16 and 17). Every rank must still plan each call alike (tile shape, flag layout, grid),
+    so the op plans for the group's fewest SMs. At this shape 16 and 17 SMs pick different tiles."""
+    from rawflux import tune
+    from rawflux.ops import gemm_rs as R
+    from tests.cpu.test_ag_gemm_cpu import _Group
+
+    log, _ = fake_cuda
+    world, m, n, k = 8, 256, 2048, 4096
+    own = {q: tune.DeviceInfo(16 if q % 2 else 17, (9, 0), 50 << 20, "fake") for q in range(world)}
+    alone = {s: R.choose_config(m, n, k, "nk", own[s % 2], s - R.default_reduce_ctas(s, world), 4).tile for s in (16, 17)}
+    assert alone[16] != alone[17], "the shape no longer separates 16 from 17 SMs: the test would check nothing"
+    plans = []
+    for rank in range(world):
+        monkeypatch.setattr(tune, "device_info", lambda dev, rank=rank: own[rank])
+        mine = (m, n, k, R.DTYPE_CODE[R.DType.BF16], R._LAYOUT_CODE["nk"], R.PARTIALS["fp32"][0])
+        monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [(mine, own[q].sms) for q in range(world)])
+        op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16")
+        assert op.dev.sms == 16 and op.gemm_ctas == 16 - op.reduce_ctas
+        p = op.plan(m)
+        plans.append((p.cfg, p.fields))
+    assert all(x == plans[0] for x in plans), plans
+    assert plans[0][0].tile == alone[16]
