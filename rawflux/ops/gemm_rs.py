@@ -346,15 +346,15 @@ class GemmRS(CollectiveOp):
         part_code, part_bytes, _ = PARTIALS[partials]
         # Every rank must build the same op: compare the arguments (bounded) before allocating.
         mine = (self.max_m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[b_layout], part_code)
-        got = bounded_allgather(g, (mine, sms), "GemmRS construction")
-        bad = [q for q, (v, _) in enumerate(got) if v != got[0][0]]
+        got = bounded_allgather(g, mine + (sms,), "GemmRS construction")  # a flat tuple of ints
+        bad = [q for q, v in enumerate(got) if v[:-1] != got[0][:-1]]
         if bad:
             names = ("max_m", "n", "k", "dtype", "b_layout", "partials")
-            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, (v, _) in enumerate(got))
+            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
             raise ValueError(f"GemmRS: ranks build the op with different arguments ({listing}); every rank must pass the same")
         # Every rank must also plan each call alike (tile shape, flag layout): plan for the group's
         # fewest SMs, so ranks whose devices report different counts (an SM cap under MPS) agree.
-        group_sms = min(q_sms for _, q_sms in got)
+        group_sms = min(v[-1] for v in got)
         if group_sms != sms:
             self.dev = replace(self.dev, sms=group_sms)
             if reduce_ctas is None:

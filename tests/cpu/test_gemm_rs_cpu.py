@@ -500,7 +500,12 @@ def test_ranks_with_different_sm_counts_plan_alike(fake_cuda, monkeypatch):
     for rank in range(world):
         monkeypatch.setattr(tune, "device_info", lambda dev, rank=rank: own[rank])
         mine = (m, n, k, R.DTYPE_CODE[R.DType.BF16], R._LAYOUT_CODE["nk"], R.PARTIALS["fp32"][0])
-        monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [(mine, own[q].sms) for q in range(world)])
+        def allgather(group, value, what, timeout_s=None, mine=mine):
+            # the real one packs a flat tuple of ints into an int64 array (one row per rank)
+            assert value == mine + (own[rank].sms,) and all(isinstance(x, int) for x in value), value
+            return [tuple(int(x) for x in np.asarray(mine + (own[q].sms,), dtype=np.int64)) for q in range(world)]
+
+        monkeypatch.setattr(R, "bounded_allgather", allgather)
         op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16")
         assert op.dev.sms == 16 and op.gemm_ctas == 16 - op.reduce_ctas
         p = op.plan(m)
