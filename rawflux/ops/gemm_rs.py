@@ -206,11 +206,13 @@ class RsPlan:
 
 def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: str, rank: int, world: int,
               dev, gemm_ctas: int, reduce_ctas: int, tiles_cap: int, parts_table: int = 0, flags_table: int = 0,
-              epoch_ptr: int = 0, config: GemmConfig | None = None) -> RsPlan:
-    """The launch plan of one call (pure: pointers are numbers)."""
+              epoch_ptr: int = 0, config: GemmConfig | None = None, tile_ctas: int | None = None) -> RsPlan:
+    """The launch plan of one call (pure: pointers are numbers). The tile is chosen for a grid of
+    ``tile_ctas`` (default gemm_ctas; GemmRS passes the group's smallest, so every rank picks the
+    same), and the GEMM runs on this rank's ``gemm_ctas``."""
     m_loc = m // world
     part_code, part_bytes, _ = PARTIALS[partials]
-    cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, gemm_ctas, part_bytes)
+    cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, tile_ctas or gemm_ctas, part_bytes)
     cfg = replace(cfg, splits=1, stream_k=False, raster_n=False, ctas=gemm_ctas)
     t = cfg.tile
     tiles_n = _cdiv(n, t.bn)
@@ -336,6 +338,7 @@ class GemmRS(CollectiveOp):
         if self.world > 1 and not 1 <= self.reduce_ctas < sms:
             raise ValueError(f"GemmRS: reduce_ctas={self.reduce_ctas} must be in 1..{sms - 1} (this device has {sms} SMs)")
         self.gemm_ctas = sms - self.reduce_ctas if self.world > 1 else sms
+        self.tile_ctas = self.gemm_ctas
         self._tiles = [config.tile] if config is not None else tune.tiles_for(b_layout)
         self.tiles_cap = tiles_cap_for(self.max_m, self.n, self._tiles)
         self._plans: dict[int, RsPlan] = {}
@@ -346,23 +349,16 @@ class GemmRS(CollectiveOp):
         part_code, part_bytes, _ = PARTIALS[partials]
         # Every rank must build the same op: compare the arguments (bounded) before allocating.
         mine = (self.max_m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[b_layout], part_code)
-        got = bounded_allgather(g, mine + (sms,), "GemmRS construction")  # a flat tuple of ints
+        got = bounded_allgather(g, mine + (self.gemm_ctas,), "GemmRS construction")  # a flat tuple of ints
         bad = [q for q, v in enumerate(got) if v[:-1] != got[0][:-1]]
         if bad:
             names = ("max_m", "n", "k", "dtype", "b_layout", "partials")
             listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
             raise ValueError(f"GemmRS: ranks build the op with different arguments ({listing}); every rank must pass the same")
-        # Every rank must also plan each call alike (tile shape, flag layout): plan for the group's
-        # fewest SMs, so ranks whose devices report different counts (an SM cap under MPS) agree.
-        group_sms = min(v[-1] for v in got)
-        if group_sms != sms:
-            self.dev = replace(self.dev, sms=group_sms)
-            if reduce_ctas is None:
-                self.reduce_ctas = default_reduce_ctas(group_sms, self.world)
-            if not 1 <= self.reduce_ctas < group_sms:
-                raise ValueError(f"GemmRS: reduce_ctas={self.reduce_ctas} must be in 1..{group_sms - 1} (the group's smallest "
-                                 f"device has {group_sms} SMs)")
-            self.gemm_ctas = group_sms - self.reduce_ctas
+        # Every rank must pick the same tile for a call (the flag layout and the call check depend on
+        # it), while each runs its own grid: ranks may differ in reduce_ctas, and their devices in SM
+        # count (an SM cap under MPS). The tile is chosen for the group's smallest GEMM grid.
+        self.tile_ctas = min(v[-1] for v in got)
         self.parts = self.symmetric(self.max_m * self.n * part_bytes, "parts")
         self.flags = self.symmetric(flags_bytes(self.world, self.tiles_cap), "flags")
         self.prepare_meta_kernels()
@@ -378,6 +374,7 @@ class GemmRS(CollectiveOp):
         p = plan_call(
             m, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, partials=self.partials, rank=self.rank,
             world=self.world, dev=self.dev, gemm_ctas=self.gemm_ctas, reduce_ctas=self.reduce_ctas, tiles_cap=self.tiles_cap,
+            tile_ctas=self.tile_ctas,
             parts_table=self.parts.peer_table_ptr if self.parts else 0,
             flags_table=self.flags.peer_table_ptr if self.flags else 0, epoch_ptr=self.epoch_ptr, config=self.config,
         )

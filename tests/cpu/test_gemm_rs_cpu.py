@@ -483,10 +483,11 @@ def test_claim_unit_model_can_fail():
     assert got == list(range(40))
 
 
-def test_ranks_with_different_sm_counts_plan_alike(fake_cuda, monkeypatch):
-    """Devices of one group may report different SM counts (an SM cap under MPS on the emulated
-    node: 16 and 17). Every rank must still plan each call alike (tile shape, flag layout, grid),
-    so the op plans for the group's fewest SMs. At this shape 16 and 17 SMs pick different tiles."""
+def test_ranks_with_different_grids_pick_the_same_tile(fake_cuda, monkeypatch):
+    """Ranks of one group may run different GEMM grids: their reduce_ctas may differ (the
+    determinism check passes 1 + rank % 3) and their devices' SM counts too (an SM cap under MPS on
+    the emulated node: 16 and 17). Every rank must still pick the same tile for a call (flag
+    layout, call check): the op picks it for the group's smallest grid and runs its own."""
     from rawflux import tune
     from rawflux.ops import gemm_rs as R
     from tests.cpu.test_ag_gemm_cpu import _Group
@@ -494,21 +495,25 @@ def test_ranks_with_different_sm_counts_plan_alike(fake_cuda, monkeypatch):
     log, _ = fake_cuda
     world, m, n, k = 8, 256, 2048, 4096
     own = {q: tune.DeviceInfo(16 if q % 2 else 17, (9, 0), 50 << 20, "fake") for q in range(world)}
-    alone = {s: R.choose_config(m, n, k, "nk", own[s % 2], s - R.default_reduce_ctas(s, world), 4).tile for s in (16, 17)}
-    assert alone[16] != alone[17], "the shape no longer separates 16 from 17 SMs: the test would check nothing"
+    reduce = {q: 1 + q % 3 for q in range(world)}
+    grid = {q: own[q].sms - reduce[q] for q in range(world)}
+    alone = {q: R.choose_config(m, n, k, "nk", own[q], grid[q], 4).tile for q in range(world)}
+    assert len(set(alone.values())) > 1, "the ranks' own picks agree here: the test would check nothing"
+    mine = (m, n, k, R.DTYPE_CODE[R.DType.BF16], R._LAYOUT_CODE["nk"], R.PARTIALS["fp32"][0])
     plans = []
     for rank in range(world):
         monkeypatch.setattr(tune, "device_info", lambda dev, rank=rank: own[rank])
-        mine = (m, n, k, R.DTYPE_CODE[R.DType.BF16], R._LAYOUT_CODE["nk"], R.PARTIALS["fp32"][0])
-        def allgather(group, value, what, timeout_s=None, mine=mine):
+
+        def allgather(group, value, what, timeout_s=None, rank=rank):
             # the real one packs a flat tuple of ints into an int64 array (one row per rank)
-            assert value == mine + (own[rank].sms,) and all(isinstance(x, int) for x in value), value
-            return [tuple(int(x) for x in np.asarray(mine + (own[q].sms,), dtype=np.int64)) for q in range(world)]
+            assert value == mine + (grid[rank],) and all(isinstance(x, int) for x in value), value
+            return [tuple(int(x) for x in np.asarray(mine + (grid[q],), dtype=np.int64)) for q in range(world)]
 
         monkeypatch.setattr(R, "bounded_allgather", allgather)
-        op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16")
-        assert op.dev.sms == 16 and op.gemm_ctas == 16 - op.reduce_ctas
+        op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16", reduce_ctas=reduce[rank])
+        assert op.gemm_ctas == grid[rank] and op.tile_ctas == min(grid.values())
         p = op.plan(m)
-        plans.append((p.cfg, p.fields))
+        assert p.cfg.ctas == grid[rank]  # each rank runs its own grid
+        plans.append((p.cfg.tile, p.fields))
     assert all(x == plans[0] for x in plans), plans
-    assert plans[0][0].tile == alone[16]
+    assert plans[0][0] == R.choose_config(m, n, k, "nk", own[1], min(grid.values()), 4).tile
