@@ -7,8 +7,10 @@ Builds the kernels with RAWFLUX_TRACE=1 (cuda_src/rawflux/gemm/trace.cuh): each 
 %globaltimer at fixed points into the module global `rawflux_trace`. Every rep runs cuBLAS (torch)
 and then rawflux between CUDA events after a short GPU sleep, fresh inputs rotated over 4 sets; the
 table gives, per stamp, microseconds after the first CTA's entry for the median CTA and the slowest
-CTA (each the median over reps). The stamps cost a few global stores: use event times from
-benchmarks/gemm.py for performance, this for attribution.
+CTA (each the median over reps), then the time the CTA's producer waited for free stages and its
+first consumer warpgroup for full ones (sums over its tiles; the 128x320 tile records no consumer
+wait). The stamps cost a few global stores: use event times from benchmarks/gemm.py for
+performance, this for attribution. A trace build that spills is reported and skipped.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import sys
 os.environ["RAWFLUX_NVRTC_DEFINES"] = (os.environ.get("RAWFLUX_NVRTC_DEFINES", "") + " RAWFLUX_TRACE=1").strip()
 
 STAMPS = ["entry", "synced", "producer_ready", "first_load", "consumer_ready", "first_data", "loop_end", "exit"]
-SLOTS = 8  # kTraceSlots
+SUMS = ["producer_wait", "consumer_wait"]  # ns summed over the CTA's tiles (slots 8, 9)
+SLOTS = 10  # kTraceSlots
 CTAS = 1024  # kTraceCtas
 DEFAULT_CASES = ("64,8192,8192;128,8192,8192;256,8192,8192;512,8192,8192;128,8192,8192,128x128x64s7c1w2/k1/g8m/p0;"
                  "4096,8192,8192")
@@ -53,6 +56,10 @@ def main(argv=None) -> int:
             g.gemm(a, w, out=o, config=cfg)
         kern = g.get_kernel("gemm.cu", g.kernel_name(cfg.tile, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED,
                                                      epilogue=g.plain_epilogue(DType.BF16)), device_id=0, arch="sm_90a")
+        res = kern.resources
+        if res.get("spill_stores") or res.get("stack"):
+            print(f"{m}x{n}x{k} [{cfg.tag()}]: the trace build spills ({res}); its timeline would not be the kernel's: skipped")
+            continue
         ptr = kern._module.get_global_var("rawflux_trace")
         buf = cupy.ndarray((CTAS, SLOTS), dtype=cupy.uint64,
                            memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, CTAS * SLOTS * 8, kern._module), 0))
@@ -71,17 +78,21 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             t = buf.get().astype(np.int64)
             live = t[t[:, 0] != 0]
-            rel = (live - live[:, 0].min()) / 1000.0
+            stamps = live[:, :len(STAMPS)]
+            rel = np.concatenate([(stamps - stamps[:, 0].min()) / 1000.0, live[:, len(STAMPS):] / 1000.0], axis=1)
             med.append(np.median(rel, axis=0))
             slow.append(rel.max(axis=0))
             times.append((ev[0].elapsed_time(ev[1]) * 1e3, ev[1].elapsed_time(ev[2]) * 1e3))
         med_s, slow_s = np.median(np.array(med), axis=0), np.median(np.array(slow), axis=0)
         row = {"m": m, "n": n, "k": k, "config": cfg.tag(), "ctas": int(len(live)),
                "cublas_us": statistics.median(x[0] for x in times), "rawflux_us": statistics.median(x[1] for x in times),
-               "median_cta_us": dict(zip(STAMPS, med_s.round(3).tolist())), "slowest_cta_us": dict(zip(STAMPS, slow_s.round(3).tolist()))}
+               "median_cta_us": dict(zip(STAMPS + SUMS, med_s.round(3).tolist())),
+               "slowest_cta_us": dict(zip(STAMPS + SUMS, slow_s.round(3).tolist()))}
         out.append(row)
         print(f"{m}x{n}x{k} [{cfg.tag()}] {row['ctas']} CTAs; events: cuBLAS {row['cublas_us']:.1f} us, rawflux {row['rawflux_us']:.1f} us")
-        print("   " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in zip(STAMPS, med_s, slow_s)), flush=True)
+        print("   " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in zip(STAMPS, med_s, slow_s)))
+        print("   waits (us, median / largest CTA): " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in
+                                                          zip(SUMS, med_s[len(STAMPS):], slow_s[len(STAMPS):])), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "rows": out}, f, indent=1)

@@ -260,15 +260,16 @@ def test_nvrtc_define_int(monkeypatch):
 
 
 def test_trace_build_compiles_without_spills_and_default_has_no_trace():
-    """RAWFLUX_TRACE=1 (benchmarks/gemm_trace.py) compiles the timeline stamps and their module global
-    without spills; the default build has neither."""
+    """RAWFLUX_TRACE=1 (benchmarks/gemm_trace.py) compiles the timeline stamps, the wait sums and
+    their module global without spills in every plain-GEMM tile (bf16, nk); the default build has
+    none of it."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    for tag in ("GemmCfg<128,256,64,4,2,1,2,0,0,0>, rawflux::StreamKSched", "GemmCfg<64,128,64,8,1,1,2,0,0,0>, rawflux::StreamKSched"):
-        v = next(v for v in variants() if tag in v.name_expr)
+    names = [g.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED, epilogue=g.plain_epilogue(DType.BF16))
+             for t in tune.tiles_for("nk")]
+    for name in names:
         for trace in (True, False):
-            opts = tuple(v.extra_options) + (("-DRAWFLUX_TRACE=1",) if trace else ())
-            res = compile_cubin(kernel_source(v.relpath), arch="sm_90a", name_expressions=(v.name_expr,), filename=v.relpath,
-                                extra_options=opts)
-            r = res.resources[res.lowered[v.name_expr]]
-            assert r["spill_stores"] == 0 and r["stack"] == 0 and "serialized" not in res.log, (tag, trace)
-            assert (b"rawflux_trace" in res.cubin) == trace, (tag, trace)
+            res = compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(name,), filename="gemm.cu",
+                                extra_options=("-DRAWFLUX_TRACE=1",) if trace else ())
+            r = res.resources[res.lowered[name]]
+            assert r["spill_stores"] == 0 and r["stack"] == 0 and "serialized" not in res.log, (name, trace, r)
+            assert (b"rawflux_trace" in res.cubin) == trace, (name, trace)

@@ -186,7 +186,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceProducerReady);
+          const u32 wait_from = trace_now32();
           ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          if (kTrace) trace_add_since(kTraceProducerWait, wait_from);
           if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
             ptx::mbar_arrive(&full[stage]);
             if (++stage == kStages) {
@@ -313,10 +315,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     while (sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
+      if (kTrace && trace_thread(128) && nkb > 0) {  // stamps outside the k loop: no register there
+        trace_stamp(kTraceConsumerReady);
+        ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
+        trace_stamp(kTraceFirstData);
+      }
       for (i32 i = 0; i < nkb; ++i) {
-        if (kTrace && threadIdx.x == 128 && i == 0) trace_stamp(kTraceConsumerReady);
+        // The wait sum costs a register in the k loop: only where the accumulators leave room.
+        constexpr bool kTraceWait = kTrace && Cfg::kAccRegs <= 128;
+        const u32 wait_from = kTraceWait ? trace_now32() : 0u;
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
-        if (kTrace && threadIdx.x == 128 && i == 0) trace_stamp(kTraceFirstData);
+        if (kTraceWait && threadIdx.x == 128) trace_add_since(kTraceConsumerWait, wait_from);
         const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
         const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
         if constexpr (kOrdered) wait_turn();
@@ -348,7 +357,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         release(prev_stage);
       }
       ptx::reg_fence(acc);
-      if (kTrace && threadIdx.x == 128) trace_stamp(kTraceLoopEnd);
+      if (kTrace && trace_thread(128)) trace_stamp(kTraceLoopEnd);
 
       TileCoord tc;
       tc.tile_m = w.tile_m;
@@ -367,8 +376,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     Epilogue::template finish<Cfg>(epi, tid);
-    if (kTrace && threadIdx.x == 128) trace_stamp(kTraceExit);
   }
+  // Consumer warpgroup 0's exit: stamped here, past the role branches (inside the consumer branch
+  // ptxas spilled the 128x320 tile's accumulators for it).
+  if (kTrace && trace_thread(128)) trace_stamp(kTraceExit);
   if constexpr (kOrderedIssue && !kWait0 && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,
     // outside the consumer branch: inside it, ptxas runs out of registers for the 128x320 tile

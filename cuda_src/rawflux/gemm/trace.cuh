@@ -1,8 +1,10 @@
 // Development timeline of the GEMM engine (RAWFLUX_TRACE=1 through RAWFLUX_NVRTC_DEFINES; off by
 // default, and then compiled out): per CTA, %globaltimer stamps (ns) of its start-up, first load,
-// first data, main-loop end and exit, in the module global `rawflux_trace` (kTraceSlots words per
-// CTA, CTAs past kTraceCtas not recorded). The per-tile stamps are overwritten by each tile, so they
-// hold the CTA's last tile. The host reads it with benchmarks/gemm_trace.py.
+// first data, main-loop end and exit, and the time its producer waited for free stages and its
+// first consumer warpgroup for full ones, in the module global `rawflux_trace` (kTraceSlots words
+// per CTA, CTAs past kTraceCtas not recorded; the host zeroes it before a launch). The per-tile
+// stamps are overwritten by each tile, so they hold the CTA's last tile; the waits add up over all
+// tiles. The host reads it with benchmarks/gemm_trace.py.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
@@ -20,7 +22,10 @@ enum : int {
   kTraceFirstData = 5,      // ... after it (the tile's first stage has landed)
   kTraceLoopEnd = 6,        // ... after the tile's last wgmma group
   kTraceExit = 7,           // ... after the epilogue's finish (its last store issued or drained)
-  kTraceSlots = 8
+  kTraceProducerWait = 8,   // ns the producer spent waiting for free stages, all tiles (a sum)
+  kTraceConsumerWait = 9,   // ns consumer warpgroup 0 spent waiting for full stages, all tiles (a sum;
+                            // 0 for the 128x320 tile, whose k loop has no register to spare)
+  kTraceSlots = 10
 };
 
 }  // namespace rawflux
@@ -33,9 +38,37 @@ __device__ unsigned long long rawflux_trace[rawflux::kTraceCtas * rawflux::kTrac
 
 namespace rawflux {
 
+// True in thread `t` of the CTA; %tid.x read afresh (volatile), so no predicate computed earlier
+// stays live across the consumers' loops (ptxas spilled the 128x320 tile's accumulators for one).
+RAWFLUX_DEVICE bool trace_thread(u32 t) {
+  u32 x = 0;
+#if RAWFLUX_TRACE
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
+#endif
+  return x == t;
+}
+
 RAWFLUX_DEVICE void trace_stamp(int slot) {
 #if RAWFLUX_TRACE
   if (blockIdx.x < (unsigned)kTraceCtas) rawflux_trace[blockIdx.x * kTraceSlots + slot] = ptx::globaltimer_ns();
+#endif
+}
+
+// The timer's low 32 bits: enough for a wait (it wraps every 4.3 s), and one register in the
+// consumers' main loop instead of two.
+RAWFLUX_DEVICE u32 trace_now32() {
+  u32 t = 0;
+#if RAWFLUX_TRACE
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+#endif
+  return t;
+}
+
+// Adds the ns since `since` (a trace_now32() value) to a sum slot: a reduction, so the caller
+// does not wait for it.
+RAWFLUX_DEVICE void trace_add_since(int slot, u32 since) {
+#if RAWFLUX_TRACE
+  if (blockIdx.x < (unsigned)kTraceCtas) atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + slot], (u64)(trace_now32() - since));
 #endif
 }
 
