@@ -180,6 +180,9 @@ CORRECT_CASES = [
     ("correct.f16_kn_f16p", 64, 512, 256, "kn", "f16", "f16", "f32", None),
     ("correct.cluster_tile", 256, 1024, 512, "nk", "bf16", "fp32", None, (128, 256, 2)),
     ("correct.tile64x128", 96, 640, 192, "nk", "f16", "fp32", "in", (64, 128, 1)),
+    # 128x224 (session 9): 224 columns per warpgroup, not whole 64-column boxes; ragged n
+    ("correct.tile128x224", 160, 1000, 256, "nk", "bf16", "fp32", "in", (128, 224, 2)),
+    ("correct.tile128x224_bf16p", 72, 680, 136, "nk", "bf16", "bf16", None, (128, 224, 2)),
 ]
 
 
