@@ -10,7 +10,9 @@ table gives, per stamp, microseconds after the first CTA's entry for the median 
 CTA (each the median over reps), then the time the CTA's producer waited for free stages and its
 first consumer warpgroup for full ones (sums over its tiles; the 128x320 tile records no consumer
 wait). The stamps cost a few global stores: use event times from benchmarks/gemm.py for
-performance, this for attribution. A trace build that spills is reported and skipped.
+performance, this for attribution. A trace build that spills is reported and skipped. --json also
+keeps every CTA's row of the last rep (stamps and waits in us, and its SM), to tell a slow SM from
+slow data.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ os.environ["RAWFLUX_NVRTC_DEFINES"] = (os.environ.get("RAWFLUX_NVRTC_DEFINES", "
 
 STAMPS = ["entry", "synced", "producer_ready", "first_load", "consumer_ready", "first_data", "loop_end", "exit"]
 SUMS = ["producer_wait", "consumer_wait"]  # ns summed over the CTA's tiles (slots 8, 9)
-SLOTS = 10  # kTraceSlots
+SM_SLOT = 10  # kTraceSm
+SLOTS = 11  # kTraceSlots
 CTAS = 1024  # kTraceCtas
 DEFAULT_CASES = ("64,8192,8192;128,8192,8192;256,8192,8192;512,8192,8192;128,8192,8192,128x128x64s7c1w2/k1/g8m/p0;"
                  "4096,8192,8192")
@@ -77,9 +80,10 @@ def main(argv=None) -> int:
             ev[2].record()
             torch.cuda.synchronize()
             t = buf.get().astype(np.int64)
-            live = t[t[:, 0] != 0]
+            ids = np.flatnonzero(t[:, 0] != 0)  # CTAs that ran (blockIdx.x)
+            live = t[ids]
             stamps = live[:, :len(STAMPS)]
-            rel = np.concatenate([(stamps - stamps[:, 0].min()) / 1000.0, live[:, len(STAMPS):] / 1000.0], axis=1)
+            rel = np.concatenate([(stamps - stamps[:, 0].min()) / 1000.0, live[:, len(STAMPS):SM_SLOT] / 1000.0], axis=1)
             med.append(np.median(rel, axis=0))
             slow.append(rel.max(axis=0))
             times.append((ev[0].elapsed_time(ev[1]) * 1e3, ev[1].elapsed_time(ev[2]) * 1e3))
@@ -87,7 +91,9 @@ def main(argv=None) -> int:
         row = {"m": m, "n": n, "k": k, "config": cfg.tag(), "ctas": int(len(live)),
                "cublas_us": statistics.median(x[0] for x in times), "rawflux_us": statistics.median(x[1] for x in times),
                "median_cta_us": dict(zip(STAMPS + SUMS, med_s.round(3).tolist())),
-               "slowest_cta_us": dict(zip(STAMPS + SUMS, slow_s.round(3).tolist()))}
+               "slowest_cta_us": dict(zip(STAMPS + SUMS, slow_s.round(3).tolist())),
+               "last_rep_ctas": [dict(zip(STAMPS + SUMS, r.round(3).tolist()), cta=int(i), sm=int(sm))
+                                 for i, r, sm in zip(ids, rel, live[:, SM_SLOT])]}
         out.append(row)
         print(f"{m}x{n}x{k} [{cfg.tag()}] {row['ctas']} CTAs; events: cuBLAS {row['cublas_us']:.1f} us, rawflux {row['rawflux_us']:.1f} us")
         print("   " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in zip(STAMPS, med_s, slow_s)))

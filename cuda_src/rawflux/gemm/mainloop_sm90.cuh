@@ -144,7 +144,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // register-count change would be spilled.
   const u32 wg = threadIdx.x / 128;
 
-  if (kTrace && threadIdx.x == 0) trace_stamp(kTraceEntry);
+  if (kTrace && threadIdx.x == 0) {
+    trace_stamp(kTraceEntry);
+    trace_sm();
+  }
   if (threadIdx.x == 0) {
     ptx::tma_prefetch_desc(&tmap_a);
     ptx::tma_prefetch_desc(&tmap_b);

@@ -25,7 +25,8 @@ enum : int {
   kTraceProducerWait = 8,   // ns the producer spent waiting for free stages, all tiles (a sum)
   kTraceConsumerWait = 9,   // ns consumer warpgroup 0 spent waiting for full stages, all tiles (a sum;
                             // 0 for the 128x320 tile, whose k loop has no register to spare)
-  kTraceSlots = 10
+  kTraceSm = 10,            // the SM the CTA ran on (%smid), to tell a slow SM from slow data
+  kTraceSlots = 11
 };
 
 }  // namespace rawflux
@@ -46,6 +47,14 @@ RAWFLUX_DEVICE bool trace_thread(u32 t) {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
 #endif
   return x == t;
+}
+
+RAWFLUX_DEVICE void trace_sm() {
+#if RAWFLUX_TRACE
+  u32 sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  if (blockIdx.x < (unsigned)kTraceCtas) rawflux_trace[blockIdx.x * kTraceSlots + kTraceSm] = sm;
+#endif
 }
 
 RAWFLUX_DEVICE void trace_stamp(int slot) {
