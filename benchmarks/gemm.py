@@ -216,12 +216,10 @@ def main(argv=None) -> int:
                 ]
                 if best is not None:
                     fns.append(lambda i: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=best))
-                extra = []
-                for tt in extra_tiles:
-                    tm, tn = -(-m // tt.bm), -(-n // tt.bn)
-                    extra.append(tune.GemmConfig(tt, 1, 8, tm > tn))
-                extra += extra_cfgs
-                for c in extra:
+                # (row label, config): --tiles as the heuristic would raster them, then --configs as given
+                extra = [(f"[{tt.tag()}]", tune.GemmConfig(tt, 1, 8, -(-m // tt.bm) > -(-n // tt.bn))) for tt in extra_tiles]
+                extra += [(f"{{{c.tag()}}}", c) for c in extra_cfgs]
+                for _, c in extra:
                     fns.append(lambda i, c=c: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=c))
                 times = bench_many(fns, nsets, args.reps)
                 tf_t = record("torch.matmul", m, n, k, dt, times[0])
@@ -231,10 +229,9 @@ def main(argv=None) -> int:
                 if best is not None:
                     tf_b = record("rawflux-tuned", m, n, k, dt, times[3], best.tag())
                     line += f"  tuned {tf_b:6.1f} ({tf_b / max(tf_t, tf_c):.3f}) [{best.tag()}]"
-                for j, c in enumerate(extra):
-                    label = f"rawflux[{c.tile.tag()}]" if j < len(extra) - len(extra_cfgs) else f"rawflux{{{c.tag()}}}"
-                    tf_x = record(label, m, n, k, dt, times[len(times) - len(extra) + j], c.tag())
-                    line += f"  {label[7:]} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
+                for (label, c), t_x in zip(extra, times[len(times) - len(extra):]):
+                    tf_x = record(f"rawflux{label}", m, n, k, dt, t_x, c.tag())
+                    line += f"  {label} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
                 print(line, flush=True)
                 if args.sweep and dt == "bf16":
                     seen = set()
