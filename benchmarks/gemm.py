@@ -219,6 +219,13 @@ def main(argv=None) -> int:
                 # (row label, config): --tiles as the heuristic would raster them, then --configs as given
                 extra = [(f"[{tt.tag()}]", tune.GemmConfig(tt, 1, 8, -(-m // tt.bm) > -(-n // tt.bn))) for tt in extra_tiles]
                 extra += [(f"{{{c.tag()}}}", c) for c in extra_cfgs]
+                skipped = []
+                for label, c in list(extra):  # a config this point cannot run (the host says why, before any launch)
+                    try:
+                        g.gemm(sets[0][0], sets[0][1], out=sets[0][2], config=c)
+                    except ValueError as e:
+                        extra.remove((label, c))
+                        skipped.append(f"  {label} n/a ({e})")
                 for _, c in extra:
                     fns.append(lambda i, c=c: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=c))
                 times = bench_many(fns, nsets, args.reps)
@@ -232,7 +239,7 @@ def main(argv=None) -> int:
                 for (label, c), t_x in zip(extra, times[len(times) - len(extra):]):
                     tf_x = record(f"rawflux{label}", m, n, k, dt, t_x, c.tag())
                     line += f"  {label} {tf_x:6.1f} ({tf_x / max(tf_t, tf_c):.3f})"
-                print(line, flush=True)
+                print(line + "".join(skipped), flush=True)
                 if args.sweep and dt == "bf16":
                     seen = set()
                     cands = [c for c in tune.candidates(m, n, k, "nk", info)]

@@ -31,10 +31,11 @@ class TileConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     consumers: int = 2
+    cluster_k: int = 1  # 2: a k-split cluster (GemmCfg's kClusterK; KSPLIT_TILES)
 
     @property
     def cluster_size(self) -> int:
-        return self.cluster_m * self.cluster_n
+        return self.cluster_m * self.cluster_n * self.cluster_k
 
     @property
     def threads(self) -> int:
@@ -42,7 +43,7 @@ class TileConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.bm, self.bn, self.stages)
+        return smem_bytes(self.bm, self.bn, self.stages) + (16 if self.cluster_k > 1 else 0)  # + the pair's two barriers
 
     @property
     def wn(self) -> int:
@@ -54,14 +55,16 @@ class TileConfig:
     def stream_k_ok(self) -> bool:
         """Stream-K is compiled where a warpgroup's fragment is one wgmma wide (N <= 256); the
         128 x 320 tile's scheduler spilled with it (gemm/scheduler.cuh)."""
-        return self.wn <= 256
+        return self.wn <= 256 and self.cluster_k == 1
 
     def supports(self, b_layout: str) -> bool:
         # kn: B's shared tile is 64-column chunks and one wgmma spans a warpgroup's columns (<= 256)
         return b_layout == "nk" or (self.bn % 64 == 0 and self.wn % 64 == 0 and self.wn <= 256)
 
     def tag(self) -> str:
-        c = f"c{self.cluster_m}x{self.cluster_n}" if self.cluster_size > 1 else "c1"
+        c = f"c{self.cluster_m}x{self.cluster_n}" if self.cluster_m * self.cluster_n > 1 else "c1"
+        if self.cluster_k > 1:
+            c += f"k{self.cluster_k}"
         return f"{self.bm}x{self.bn}x{BK}s{self.stages}{c}w{self.consumers}"
 
 
@@ -95,13 +98,13 @@ def parse_tag(tag: str) -> GemmConfig:
     '.../sk/...' for stream-K); the tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)w(\d)/(?:k(\d+)|(sk))/g(\d+)([mn])/p(\d+)", tag.strip())
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk))/g(\d+)([mn])/p(\d+)", tag.strip())
     if mt is None:
         raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0' or '.../sk/g8m/p0')")
-    bm, bn, st, cm, cn, w, k, sk, g, r, p = mt.groups()
-    tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w))
-    if tile not in TILES:
-        raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in TILES)})")
+    bm, bn, st, cm, cn, ck, w, k, sk, g, r, p = mt.groups()
+    tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w), int(ck or 1))
+    if tile not in TILES and tile not in KSPLIT_TILES:
+        raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in (*TILES, *KSPLIT_TILES))})")
     return GemmConfig(tile, 1 if sk else int(k), int(g), r == "n", int(p), bool(sk))
 
 
@@ -116,8 +119,8 @@ def max_stages(bm: int, bn: int, cap: int = 8) -> int:
     return s
 
 
-def _tile(bm, bn, cluster_m=1, cluster_n=1, consumers=2) -> TileConfig:
-    return TileConfig(bm, bn, max_stages(bm, bn), cluster_m, cluster_n, consumers)
+def _tile(bm, bn, cluster_m=1, cluster_n=1, consumers=2, cluster_k=1) -> TileConfig:
+    return TileConfig(bm, bn, max_stages(bm, bn), cluster_m, cluster_n, consumers, cluster_k)
 
 
 # Every tile shape rawflux compiles (each x {bf16, f16} x {16-bit, f32 out} x {nk, kn} where valid),
@@ -156,8 +159,33 @@ TILES: dict[TileConfig, float] = {
 }
 
 
+# k-split clusters (docs/gemm-notes.md, sessions 9-10): the two CTAs of a cluster take the two k
+# halves of one tile and swap half their fp32 fragments through distributed shared memory, each
+# then storing half the tile, instead of split-K's partials through L2 and a counter. Compiled for
+# the plain GEMM only. Each needs one tile per cluster (2 x tiles CTAs at most the grid) and at
+# least 2 k blocks (ksplit_fits). The model times one as split-K k2 on the same tile without a
+# cluster, times KSPLIT_RATE: on the H200 (session 10) it ran 0.93-0.98x the time of split-K k2
+# at all seven points measured (m 64-256), the same bits.
+KSPLIT_RATE = 0.97
+KSPLIT_TILES: tuple[TileConfig, ...] = (
+    _tile(128, 128, cluster_k=2),
+    _tile(128, 256, cluster_k=2),
+)
+
+
 def tiles_for(b_layout: str) -> list[TileConfig]:
     return [t for t in TILES if t.supports(b_layout)]
+
+
+def ksplit_fits(m: int, n: int, k: int, t: TileConfig, ctas: int) -> bool:
+    """Whether k-split tile t can run (m, n, k) on a grid of `ctas` CTAs: one tile per cluster and a
+    k block for each CTA of the pair."""
+    return 2 * _cdiv(m, t.bm) * _cdiv(n, t.bn) <= ctas and _cdiv(k, BK) >= 2
+
+
+def ksplit_base(t: TileConfig) -> TileConfig:
+    """The compiled tile without a cluster that k-split tile t splits like split-K k2."""
+    return next(x for x in TILES if (x.bm, x.bn, x.cluster_size, x.consumers) == (t.bm, t.bn, 1, t.consumers))
 
 
 @dataclass(frozen=True)
@@ -282,6 +310,8 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
     unique bytes."""
     t = cfg.tile
+    if t.cluster_k > 1:  # split-K k2 on the same tile, its fix-up through DSMEM (KSPLIT_RATE)
+        return KSPLIT_RATE * estimate_us(m, n, k, GemmConfig(ksplit_base(t), 2, cfg.group, cfg.raster_n, cfg.ctas), dev, out_bytes)
     if cfg.stream_k:
         sp = sk_plan(m, n, k, cfg, dev.sms)
         if sp.sk_tiles:
@@ -358,6 +388,12 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
         if t.stream_k_ok and sk_plan(m, n, k, GemmConfig(t, stream_k=True), dev.sms).sk_tiles:
             for raster_n in (False, True):
                 out.append(GemmConfig(t, 1, 8, raster_n, stream_k=True))
+    for t in KSPLIT_TILES:
+        # Not for m <= bm / 2: at m = 64 the 128-row pair ran at 0.75 of cuBLAS where 64x128 k2 ran at 0.89
+        # (session 10; the model does not see the empty rows' tensor time).
+        if t.supports(b_layout) and 2 * m > t.bm and ksplit_fits(m, n, k, t, dev.sms):
+            for raster_n in (False, True):
+                out.append(GemmConfig(t, 1, 8, raster_n))
     return out
 
 

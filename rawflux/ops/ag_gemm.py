@@ -348,9 +348,9 @@ class AGGemm(CollectiveOp):
 
     # --- configuration ----------------------------------------------------------------------------
     def config(self, m: int) -> G.GemmConfig:
-        """The GEMM configuration a call with m rows uses (split-K off; on the "sm" path the GEMM's
-        persistent grid leaves copy_sms SMs to the copy kernel). rawflux.gemm(..., config=this)
-        on the gathered A computes bitwise the same output."""
+        """The GEMM configuration a call with m rows uses (split-K and k-split clusters off; on the
+        "sm" path the GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
+        rawflux.gemm(..., config=this) on the gathered A computes bitwise the same output."""
         cfg = self._cfgs.get(m)
         if cfg is None:
             if len(self._cfgs) > 4096:
@@ -358,7 +358,9 @@ class AGGemm(CollectiveOp):
                 self._params.clear()
             base = G.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
             ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
-            cfg = replace(base, splits=1, stream_k=False, ctas=ctas)
+            # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
+            tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
+            cfg = replace(base, tile=tile, splits=1, stream_k=False, ctas=ctas)
             self._cfgs[m] = cfg
         return cfg
 
@@ -387,6 +389,9 @@ class AGGemm(CollectiveOp):
             tg = check_out(gathered_out, "gathered_out", shape=(m, self.k), dtype=dt, device=dev, inputs=inputs, stream=s)
         if config is not None and not isinstance(config, G.GemmConfig):
             raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
+        if config is not None and config.tile not in tune.TILES:
+            raise ValueError(f"config tile {config.tile.tag()} is not one ag_gemm compiles (tiles: "
+                             f"{', '.join(t.tag() for t in tune.TILES)})")
 
         if world == 1:
             return self._call_local(ta, tb, bias, out, tg, gathered_out, return_gathered, s, config)

@@ -49,7 +49,8 @@ def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str,
     """The NVRTC name expression of one gemm_kernel instantiation."""
     cfg = (
         f"rawflux::GemmCfg<{tile.bm},{tile.bn},{tune.BK},{tile.stages},{tile.cluster_m},{tile.cluster_n},"
-        f"{tile.consumers},{_TYPE_CODE[dtype]},{_TYPE_CODE[out_dtype]},{_LAYOUT_CODE[b_layout]}>"
+        f"{tile.consumers},{_TYPE_CODE[dtype]},{_TYPE_CODE[out_dtype]},{_LAYOUT_CODE[b_layout]}"
+        + (f",{tile.cluster_k}>" if tile.cluster_k > 1 else ">")
     )
     return f"rawflux::gemm_kernel<{cfg}, {sched}, {prologue}, {epilogue}>"
 
@@ -81,6 +82,7 @@ def plain_epilogue(out_dtype: DType) -> str:
 
 
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
+register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue, tiles=tune.KSPLIT_TILES)  # k-split clusters: plain GEMM only
 
 # TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), as many per consumer
 # warpgroup as the shared memory the stage ring leaves holds, up to a fragment's (mirrors TmaStore::bufs
@@ -331,6 +333,8 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     depend on the grid (grid_size with the same sms)."""
     t = cfg.tile
     kb, per, splits = tune.split_plan(k, cfg.splits)
+    if t.cluster_k > 1:  # the k halves of a k-split cluster: split where split-K k2 splits
+        _, per, _ = tune.split_plan(k, t.cluster_k)
     sk_tiles = 0
     if cfg.stream_k:
         if sms < 1:
@@ -390,6 +394,16 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
                          f"consumer warpgroup (tile {t.tag()} has {t.wn})")
     info = _check_arch(device_id)
+    if t.cluster_k > 1:
+        tiles = -(-m // t.bm) * -(-n // t.bn)
+        ctas = min(cfg.ctas or info.sms, info.sms)
+        if cfg.splits != 1 or cfg.stream_k:
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster splits k itself: use splits = 1 and no stream-K")
+        if tune.split_plan(k, 2)[2] < 2:
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster needs at least 2 k blocks of {tune.BK} (k = {k})")
+        if 2 * tiles > ctas:
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster takes one tile: {tiles} tiles need {2 * tiles} CTAs, "
+                             f"the grid has {ctas}")
     ws = ctr = 0
     _, _, splits = tune.split_plan(k, cfg.splits)
     slots = -(-m // t.bm) * -(-n // t.bn)  # split-K: one fix-up slot per CTA tile
@@ -648,7 +662,8 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
         return wrap_output(ta, tc, stream=s), None
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
-    if config is not None and (config.tile not in tune.TILES or not config.tile.supports(b_layout)):
+    if config is not None and ((config.tile not in tune.TILES and config.tile not in tune.KSPLIT_TILES)
+                               or not config.tile.supports(b_layout)):
         raise ValueError(f"config tile {config.tile.tag()} is not a compiled variant for layout {b_layout!r}")
     _check_arch(dev)
     lda, ldb = ta.strides[0] if m > 1 else k, tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]

@@ -16,8 +16,8 @@ GEMM_VARIANTS = [v for v in variants() if v.relpath == "gemm.cu"]
 
 
 def test_variants_registered():
-    # every tile x {bf16, f16} x {16-bit out, f32 out} x layouts it supports
-    expect = sum(2 * 2 * sum(t.supports(l) for l in ("nk", "kn")) for t in tune.TILES)
+    # every tile (and the k-split ones) x {bf16, f16} x {16-bit out, f32 out} x layouts it supports
+    expect = sum(2 * 2 * sum(t.supports(l) for l in ("nk", "kn")) for t in (*tune.TILES, *tune.KSPLIT_TILES))
     assert len(GEMM_VARIANTS) == expect
     assert all(v.archs == ("sm_90a",) for v in GEMM_VARIANTS)
 

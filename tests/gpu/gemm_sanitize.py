@@ -1,8 +1,10 @@
 """A few rawflux.gemm calls for compute-sanitizer (launch/gpu_suite.sh sanitize): every tile whose
 TmaStore epilogue stages C in shared memory, ragged m and n, few CTAs so the staging buffers are
 reused across tiles; then split-K and stream-K (the fix-up's workspace and counters) on every tile
-that compiles them. Checks each result against the f32 (register-path) result rounded, bitwise.
-Exit status 0 only if every call matched."""
+that compiles them; then the k-split clusters (tune.KSPLIT_TILES: CTA 1's fragment handed to CTA 0
+through distributed shared memory). Checks each result against the f32 (register-path) result
+rounded, bitwise. Exit status 0 only if every call matched. `gemm_sanitize.py c1k2` runs only the
+tiles whose tag contains c1k2."""
 from __future__ import annotations
 
 import sys
@@ -13,17 +15,21 @@ from rawflux import tune
 from rawflux.ops import gemm as g
 
 
-def main() -> int:
+def main(only: str = "") -> int:
+    """only: run just the tiles whose tag contains it (e.g. "c1k2" for the k-split clusters)."""
     bad = 0
     rs = cupy.random.RandomState()
-    for t in tune.TILES:
-        if not t.supports("nk"):
+    for t in (*tune.TILES, *tune.KSPLIT_TILES):
+        if not t.supports("nk") or only not in t.tag():
             continue
         m, n, k = 3 * t.bm + 19, 2 * t.bn + 40, 192
         a = rs.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
         w = rs.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
-        cfgs = [tune.GemmConfig(t, ctas=2 * t.cluster_size)]
-        if t.stream_k_ok and t.bn in (128, 256) and t.bm == 128:  # a cluster tile and a plain one: the sanitizer is slow
+        if t.cluster_k > 1:  # one tile per cluster: a grid of every tile's pair
+            cfgs = [tune.GemmConfig(t)]
+        else:
+            cfgs = [tune.GemmConfig(t, ctas=2 * t.cluster_size)]
+        if t.cluster_k == 1 and t.stream_k_ok and t.bn in (128, 256) and t.bm == 128:  # a cluster tile and a plain one: the sanitizer is slow
             cfgs += [tune.GemmConfig(t, splits=3), tune.GemmConfig(t, stream_k=True),
                      tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True)]
         for cfg in cfgs:
@@ -37,4 +43,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:2]))

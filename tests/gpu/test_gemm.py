@@ -235,6 +235,36 @@ def test_split_k_repeat_is_deterministic(rf):
         assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16)))
 
 
+def test_ksplit_cluster_matches_split_k(rf):
+    """k-split clusters (tune.KSPLIT_TILES): against float64 on ragged shapes, both
+    layouts, bias, f32 out; and bit for bit what split-K k2 gives with the same tile, since both
+    sum (0 + k half 0) + k half 1 over the same halves."""
+    from rawflux import tune
+
+    for t in tune.KSPLIT_TILES:
+        plain = next(x for x in tune.TILES if (x.bm, x.bn, x.cluster_size) == (t.bm, t.bn, 1))
+        for m, n, k, layout, out_dtype, bias in ((300, 968, 1544, "nk", None, None), (77, 1032, 4104, "kn", "f32", "f32"),
+                                                 (128, 2048, 136, "nk", None, "bf16")):
+            if not t.supports(layout):
+                continue
+            cfg = tune.GemmConfig(t)
+            check(rf, m, n, k, layout=layout, config=cfg, out_dtype=out_dtype, bias=bias)
+            seed = random.randrange(1 << 30)
+            a = _rand((m, k), "bf16", seed)
+            w = _rand((n, k), "bf16", seed + 1)
+            b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+            mine = rf.gemm(a, b, b_layout=layout, config=cfg)
+            split = rf.gemm(a, b, b_layout=layout, config=tune.GemmConfig(plain, splits=2))
+            assert bool(cupy.all(mine.view(cupy.uint16) == split.view(cupy.uint16))), f"{t.tag()} {layout}: not split-K k2's bits"
+    # The model picks one at m = 128, n = k = 8192 on a full H100/H200 (132 SMs), so test_grid_bf16_nk
+    # checks a default k-split call against float64 there.
+    from rawflux.ops import gemm as g
+    from rawflux.runtime import DType
+
+    if tune.device_info(0).sms >= 128:
+        assert g.pick_config(128, 8192, 8192, DType.BF16, "nk", DType.BF16, 0).tile in tune.KSPLIT_TILES
+
+
 def test_allocating_path_and_torch(rf):
     m, n, k = 129, 264, 136
     a = _rand((m, k), "bf16", 5)

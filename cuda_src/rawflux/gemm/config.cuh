@@ -99,7 +99,7 @@ constexpr int wgmma_chunks(int wn, int unit) {
 }
 
 template <int BM_, int BN_, int BK_, int kStages_, int kClusterM_, int kClusterN_, int kConsumers_, int kIn_, int kOut_,
-          int kBLayout_>
+          int kBLayout_, int kClusterK_ = 1>
 struct GemmCfg {
   static constexpr int kBM = BM_;
   static constexpr int kBN = BN_;
@@ -107,7 +107,13 @@ struct GemmCfg {
   static constexpr int kStages = kStages_;
   static constexpr int kClusterM = kClusterM_;  // CTAs of a cluster along m: they share (multicast) the B tile
   static constexpr int kClusterN = kClusterN_;  // CTAs of a cluster along n: they share the A tile
-  static constexpr int kClusterSize = kClusterM_ * kClusterN_;
+  // kClusterK_ = 2 (k-split cluster): the two CTAs of a cluster compute the same tile, each one
+  // half of k (split at ceil(k blocks / 2), as split-K k2); each then hands one warpgroup's fp32
+  // fragment to the other through distributed shared memory and stores the other warpgroup's rows
+  // (ksplit_exchange in mainloop_sm90.cuh). They share no operand, so nothing is multicast.
+  static constexpr int kClusterK = kClusterK_;
+  static constexpr int kClusterSize = kClusterM_ * kClusterN_ * kClusterK_;
+  static constexpr int kMcastSize = kClusterM_ * kClusterN_;  // CTAs that fill (and release) each other's stages
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups (1 or 2)
   static constexpr int kIn = kIn_;
   static constexpr int kOut = kOut_;
@@ -134,7 +140,7 @@ struct GemmCfg {
   static constexpr int kStageABytes = BM_ * kRowBytes;    // A tile: BM rows (m) of BK
   static constexpr int kStageBBytes = BN_ * kRowBytes;    // B tile: BN rows (n) of BK, or BK rows (k) of BN
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
-  static constexpr int kBarrierBytes = 2 * kStages_ * 8;
+  static constexpr int kBarrierBytes = 2 * kStages_ * 8 + (kClusterK_ > 1 ? 16 : 0);  // + the k-split pair's two
   // +1024: the dynamic shared window is only 16-byte aligned; tiles need 1024 (swizzle atom).
   static constexpr int kSmemBytes = 1024 + kStages_ * kStageBytes + kBarrierBytes;
 
@@ -158,6 +164,9 @@ struct GemmCfg {
                 "kn layout: BN and per-warpgroup N multiples of 64, chunks whole 64-column boxes");
   static_assert(kClusterM_ == 1 || kClusterN_ == 1, "cluster along m or along n, not both");
   static_assert(kClusterSize == 1 || kClusterSize == 2, "cluster size 1 or 2");
+  static_assert(kClusterK_ == 1 || (kClusterK_ == 2 && kClusterM_ == 1 && kClusterN_ == 1), "a k-split cluster is 2 CTAs along k only");
+  static_assert(kClusterK_ == 1 || kConsumers_ * kAccRegs * 128 * 4 <= kStages_ * kStageBytes,
+                "a k-split cluster passes the fragments through the stage ring: they must fit in it");
   static_assert(kBoxARows <= 256 && kBoxBRows <= 256, "a TMA box spans at most 256 rows");
   static_assert(kBoxARows % 8 == 0 && (kBLayout_ == kLayoutKN || kBoxBRows % 8 == 0),
                 "multicast slices start on a 1024-byte swizzle atom");

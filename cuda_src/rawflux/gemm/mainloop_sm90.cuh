@@ -122,6 +122,55 @@ RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs
   return true;
 }
 
+// k-split cluster (Cfg::kClusterK == 2), after the main loop. The two CTAs hold the same tile's two
+// k halves. CTA r keeps warpgroup r's 64 rows and hands its other warpgroup's fragment to the
+// partner, into the partner's stage ring (idle by then: one tile per cluster, checked by the host,
+// all its loads consumed). Both directions run at once and each CTA stores half the tile. The sum is
+// split-K's, (0 + k half 0) + k half 1, so the bits equal split-K k2's.
+// ring_free (in each CTA) counts the partner's consumer threads done reading their ring: it gates
+// this CTA's sending warpgroup. xfer_full (in each CTA) counts the partner's sending threads done
+// writing: it gates this CTA's receiving warpgroup. Each is used for one phase per launch.
+// Returns true in the receiving warpgroup, which then stores its rows.
+template <class Cfg>
+RAWFLUX_DEVICE bool ksplit_exchange(float (&acc)[Cfg::kAccRegs], u64* ksplit_bar, u32 ring_base, u32 cta_rank, u32 consumer,
+                                    u32 tid, i64 timeout_ns) {
+  static_assert(Cfg::kConsumers == 2, "a k-split cluster splits the tile's rows between its two CTAs: one warpgroup each");
+  constexpr int kVec = Cfg::kAccRegs / 4;
+  // This thread's float4 i of its warpgroup's fragment: thread-interleaved, conflict-free 16-byte accesses.
+  const u32 frag = ring_base + consumer * (u32)(Cfg::kAccRegs * 128 * 4) + tid * 16;
+  u64* ring_free = ksplit_bar;
+  u64* xfer_full = ksplit_bar + 1;
+  const u32 partner = cta_rank ^ 1u;
+  // Split-K's order is (0 + k half 0) + k half 1. CTA 0 holds half 0 and adds the zero to it here,
+  // in both warpgroups; each receiver then adds the two (addition commutes, bit for bit).
+  if (cta_rank == 0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f + acc[i];
+  }
+  ptx::fence_proxy_async_smem();  // this CTA's ring traffic in the async proxy (TMA writes, wgmma reads) before the partner's generic writes
+  // release.cluster: this thread's ring reads (its wgmma, complete at wait_group 0) before the partner writes there
+  ptx::mbar_arrive_release_cluster(ring_free, partner);
+  if (consumer == cta_rank) {
+    ptx::mbar_wait_acquire_cluster(xfer_full, 0, timeout_ns);  // acquire.cluster: the partner's fragment writes before the reads below
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float v[4];
+      ptx::ld_shared_v4f(frag + i * 128 * 16, v[0], v[1], v[2], v[3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[4 * i + j] += v[j];
+    }
+    return true;
+  }
+  ptx::mbar_wait_acquire_cluster(ring_free, 0, timeout_ns);  // acquire.cluster: the partner is done reading its ring
+  const u32 remote = ptx::mapa_shared(frag, partner);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    ptx::st_cluster_v4f(remote + i * 128 * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+  }
+  ptx::mbar_arrive_release_cluster(xfer_full, partner);  // release.cluster: this thread's fragment writes before the partner's reads
+  return false;
+}
+
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
@@ -139,6 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   u8* smem_b = smem + kStages * Cfg::kStageABytes;
   u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
   u64* empty = full + kStages;
+  u64* ksplit_bar = empty + kStages;  // k-split cluster only: ring_free, xfer_full (ksplit_exchange)
 
   // Special registers are read again inside each role, after setmaxnreg: a value live across the
   // register-count change would be spilled.
@@ -154,7 +204,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1);                                        // the local producer's arrive (+ bytes)
-      ptx::mbar_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kClusterSize);  // every consumer warp of the cluster
+      ptx::mbar_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kMcastSize);  // every consumer warp of the CTAs sharing the stage
+    }
+    if constexpr (Cfg::kClusterK > 1) {
+      ptx::mbar_init(&ksplit_bar[0], Cfg::kConsumers * 128);  // ring_free: the partner's consumer threads
+      ptx::mbar_init(&ksplit_bar[1], 128);                    // xfer_full: the partner's sending warpgroup
     }
     ptx::fence_mbar_init();
   }
@@ -249,14 +303,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     SchedT sched(p, cluster_id, (i32)cta_rank);
     WorkTile w;
     u32 stage = 0, phase = 0;
+    u32 ksplit_tiles = 0;  // k-split cluster: tiles this CTA took (one at most)
     float acc[Cfg::kAccRegs];
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
     // Hands a consumed stage back to the producer of every CTA that wrote into it.
     auto release = [&](u32 s) {
-      if constexpr (kCluster) {
-        if (lane < (u32)Cfg::kClusterSize) ptx::mbar_arrive_cluster(&empty[s], lane);
+      if constexpr (Cfg::kMcastSize > 1) {
+        if (lane < (u32)Cfg::kMcastSize) ptx::mbar_arrive_cluster(&empty[s], lane);
       } else {
         if (lane == 0) ptx::mbar_arrive(&empty[s]);
       }
@@ -371,6 +426,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.consumer = consumer;
       tc.scratch = ptx::smem_u32(smem_a) + kScratchOffset<Cfg>;  // from smem_a: no extra pointer lives across setmaxnreg
       bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n && !((kProbe & 1) && p.k_blocks > 0);
+      if constexpr (Cfg::kClusterK > 1) {
+        if (ksplit_tiles++ > 0) __trap();  // a k-split cluster reuses its ring for the exchange: one tile per cluster
+        do_store = ksplit_exchange<Cfg>(acc, ksplit_bar, ptx::smem_u32(smem_a), cta_rank, consumer, tid, p.timeout_ns) && do_store;
+      }
       if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
       if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
       if constexpr (Epilogue::kTileBarrier) {

@@ -36,7 +36,7 @@ struct TileSchedT {
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
   // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K (tune.py).
-  static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1;
+  static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1 && Cfg::kClusterK == 1;
 
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
   // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
@@ -123,6 +123,10 @@ struct TileSchedT {
       const i32 shift = (i32)(((i64)p.seg_start * seg_rows) / (Cfg::kBM * Cfg::kClusterM)) % ctiles_m;
       cm += shift;
       if (cm >= ctiles_m) cm -= ctiles_m;
+    }
+    if constexpr (Cfg::kClusterK > 1) {  // k-split cluster: both CTAs take the tile, CTA r its k half r
+      w.kb_begin = (i32)cta_rank * p.kb_per_split;
+      w.kb_end = min(p.k_blocks, w.kb_begin + p.kb_per_split);
     }
     w.tile_m = cm * Cfg::kClusterM + (Cfg::kClusterM > 1 ? (i32)cta_rank : 0);
     w.tile_n = cn * Cfg::kClusterN + (Cfg::kClusterN > 1 ? (i32)cta_rank : 0);

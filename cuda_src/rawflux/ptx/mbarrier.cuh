@@ -86,6 +86,18 @@ RAWFLUX_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta) {
       : "memory");
 }
 
+// Arrive on the barrier at the same shared offset in cluster CTA `cta`, releasing at cluster scope:
+// this thread's earlier writes to that CTA's shared memory (st.shared::cluster) are visible to a
+// thread that sees the phase complete with an acquire.cluster wait (the k-split exchange).
+RAWFLUX_DEVICE void mbar_arrive_release_cluster(u64* bar, u32 cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 // Plain local arrive (release at CTA scope: orders this thread's shared reads before the waiter).
 RAWFLUX_DEVICE void mbar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
@@ -123,6 +135,47 @@ RAWFLUX_DEVICE void mbar_wait(u64* bar, u32 parity, i64 timeout_ns) {
       }
     }
   }
+}
+
+// mbar_wait with acquire at cluster scope: after it returns, what the threads of other cluster CTAs
+// wrote before their release.cluster arrivals on this phase is visible to this thread.
+RAWFLUX_DEVICE void mbar_wait_acquire_cluster(u64* bar, u32 parity, i64 timeout_ns) {
+  const u32 addr = smem_u32(bar);
+  u64 start = 0;
+  for (u32 polls = 0;; ++polls) {
+    u32 ok;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(addr), "r"(parity)
+        : "memory");
+    if (ok) return;
+    if ((polls & 4095) == 4095) {
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if ((i64)(now - start) > timeout_ns) {
+        asm volatile("trap;");  // rawflux gemm: the k-split partner never handed over its fragment
+      }
+    }
+  }
+}
+
+// Shared-window address `addr` of this CTA, as cluster CTA `cta` maps it (for st.shared::cluster).
+RAWFLUX_DEVICE u32 mapa_shared(u32 addr, u32 cta) {
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(cta));
+  return remote;
+}
+
+RAWFLUX_DEVICE void st_cluster_v4f(u32 remote_addr, float a, float b, float c, float d) {
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote_addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+RAWFLUX_DEVICE void ld_shared_v4f(u32 addr, float& a, float& b, float& c, float& d) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "r"(addr) : "memory");
 }
 
 // Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads'.
