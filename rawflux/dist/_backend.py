@@ -145,6 +145,17 @@ class CudaBackend:
         runtime.memcpy(ctypes.addressof(buf), src, nbytes, runtime.memcpyDeviceToHost)
         return buf.raw
 
+    def address_range(self, ptr: int) -> tuple[int, int]:
+        """(base, size) of the allocation that holds ``ptr`` (cuMemGetAddressRange). cudaMalloc may
+        sub-allocate a small buffer from a larger block; an IPC handle then opens to the block's
+        base, not to ``ptr``."""
+        from cuda.bindings import driver
+
+        err, base, size = driver.cuMemGetAddressRange(ptr)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuMemGetAddressRange({ptr:#x}) failed: {err.name}")
+        return int(base), int(size)
+
     def ipc_get(self, ptr: int) -> bytes:
         from cupy.cuda import runtime
 

@@ -95,6 +95,45 @@ def check_symmetric(g: Group, nbytes_per_rank: int = 1 << 20) -> Check:
                  f"over all ranks, peer table {'ok' if table_ok else 'WRONG'}, {dt * 1e3:.1f} ms", {"mismatches": total_bad})
 
 
+def check_small_symmetric(g: Group, count: int = 8, slot_words: int = 16) -> Check:
+    """Several small symmetric buffers allocated back to back (cudaMalloc may pack such buffers
+    into one block, which an IPC handle maps from its base: symm.py): every rank writes a
+    distinct pattern (a fresh seed per buffer) into its slot of every peer's copy of each one;
+    each rank checks each of its own. A peer mapping that lands on another buffer of the block
+    shows up as mismatched words."""
+    import cupy
+
+    seeds = [_fresh_seed(g) for _ in range(count)]
+    bufs = []
+    bad = 0
+    try:
+        for i in range(count):
+            bufs.append(g.symmetric(4 * slot_words * g.world, f"selftest.small{i}"))
+        be = g._backend
+        with cupy.cuda.Device(g.device_id):
+            for b in bufs:
+                be.memset(b.ptr, 0xA5, b.nbytes)  # poison: a slot nobody wrote cannot pass
+            g._mpi.Barrier()  # every poison landed before any peer writes
+            stream = cupy.cuda.Stream(non_blocking=True)
+            for b, seed in zip(bufs, seeds):
+                _kernel(g, "selftest_fill_kernel").launch(
+                    (1, 1, 1), (64, 1, 1),
+                    (np.uint64(b.peer_table_ptr), np.uint32(slot_words), np.int32(g.rank), np.int32(g.world), np.uint32(seed)),
+                    stream=stream)
+            g.barrier(stream)
+            g.synchronize(stream)
+            for b, seed in zip(bufs, seeds):
+                got = cupy.asnumpy(b.view("uint32")).reshape(g.world, slot_words)
+                bad += sum(int(np.count_nonzero(got[src] != expected_pattern(seed, src, g.rank, slot_words))) for src in range(g.world))
+    finally:
+        for b in reversed(bufs):
+            g.free_symmetric(b)
+    total_bad = g._mpi.allreduce(bad)
+    ok = _all(g, bad == 0)
+    return Check("small_symmetric", ok, f"{count} buffers of {4 * slot_words * g.world} bytes: {total_bad} mismatched words "
+                 f"over all ranks", {"mismatches": total_bad})
+
+
 def check_ordered_rounds(g: Group, rounds: int = 200, slot_words: int = 4096) -> Check:
     """Back-to-back rounds with no host sync: fill peers (fresh seed per round), barrier, verify
     own buffer on device, barrier (so the next fill does not overwrite what a peer still reads).
@@ -322,6 +361,7 @@ def iter_checks(comm=None, *, barriers: int = 10000, replays: int = 1000, timeou
     comm = MPI.COMM_WORLD if comm is None else comm
     g = init(comm)
     yield check_symmetric(g)
+    yield check_small_symmetric(g)
     yield check_ordered_rounds(g)
     yield check_barrier_loop(g, barriers)
     yield check_graph(g, replays)

@@ -1,13 +1,21 @@
 """Symmetric buffers: one allocation of the same size on every rank, each mapped into every peer.
 
-``Group.symmetric(nbytes, name)`` is collective. Every rank allocates ``nbytes`` with a plain
-cudaMalloc (never CuPy's pool: an IPC handle describes a whole allocation and the pool
-sub-allocates), zeroes it, exports it with cudaIpcGetMemHandle, and all handles are exchanged in
-one ``allgather``, together with each rank's (nbytes, name), so that mismatched calls fail on
-every rank with one clear error instead of corrupting memory. Each rank then opens every peer's
-handle (cudaIpcOpenMemHandle; its own entry is its own pointer). Two ranks on one GPU (the
-emulated node under MPS) work the same way: opening a handle exported by another process on the
-same device maps the same memory.
+``Group.symmetric(nbytes, name)`` is collective. Every rank allocates ``nbytes``, rounded up to
+whole 2 MiB blocks, with a plain cudaMalloc (never CuPy's pool), zeroes it, exports it with
+cudaIpcGetMemHandle, and all handles are exchanged in one ``allgather``, together with each
+rank's (nbytes, name), so that mismatched calls fail on every rank with one clear error instead
+of corrupting memory. Each rank then opens every peer's handle (cudaIpcOpenMemHandle; its own
+entry is its own pointer). Two ranks on one GPU (the emulated node under MPS) work the same way:
+opening a handle exported by another process on the same device maps the same memory.
+
+An IPC handle describes a whole underlying block, and cudaIpcOpenMemHandle maps it from the
+block's base. cudaMalloc may sub-allocate small buffers from one block (the CUDA programming
+guide says so; a pool does it always), so a peer that took the opened pointer for the buffer
+would read another buffer of that block. (Session 10 saw gemm_rs raise a CallMismatch at world 2
+on one machine, three runs out of three, where a peer's call record read back a value that was
+no record: what such aliasing would do.) So each rank also sends its buffer's offset from its
+block's base (cuMemGetAddressRange) and peers add it, and the 2 MiB rounding keeps every
+symmetric buffer in blocks of its own, so no block is opened twice and nothing else is exposed.
 
 ``peer_ptrs[q]`` is rank q's buffer as mapped in this process; ``peer_ptrs_dev`` is the same
 table in device memory (u64[world]) for kernels: ``peer_ptr<T>(table, q, offset)`` in
@@ -91,26 +99,39 @@ def collective_try(mpi, fn, what: str):
     return [v for v, _ in gathered]
 
 
+ALLOC_BLOCK = 2 << 20  # symmetric buffers are whole blocks of this many bytes (the module docstring)
+
+
+def alloc_bytes(nbytes: int) -> int:
+    """Bytes actually allocated for a symmetric buffer of ``nbytes``."""
+    return -(-max(1, int(nbytes)) // ALLOC_BLOCK) * ALLOC_BLOCK
+
+
 def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
     """Collective over ``group``; see the module docstring."""
     be = group._backend
     rank, world = group.rank, group.world
     nbytes = int(nbytes)
     name = str(name)
-    ptr = 0
+    ptr = offset = 0
     handle = err = None
     if nbytes > 0:
         try:
-            ptr = be.malloc(nbytes)
-            be.memset(ptr, 0, nbytes)  # synchronous: zero before any peer can map and write it
+            size = alloc_bytes(nbytes)
+            ptr = be.malloc(size)
+            be.memset(ptr, 0, size)  # synchronous: zero before any peer can map and write it
+            base, block = be.address_range(ptr)
+            offset = ptr - base
+            if offset < 0 or offset + nbytes > block:
+                raise RuntimeError(f"buffer {ptr:#x} ({nbytes} bytes) is not inside its block ({base:#x}, {block} bytes)")
             handle = be.ipc_get(ptr)
         except Exception as e:  # noqa: BLE001 - reported to every rank below
             err = f"{type(e).__name__}: {e}"
-    # One allgather carries the request (for the check) and the handle.
-    gathered = group._mpi.allgather((nbytes, name, handle, err))
+    # One allgather carries the request (for the check), the handle and the offset in its block.
+    gathered = group._mpi.allgather((nbytes, name, handle, offset, err))
     try:
-        check_symmetric_requests([(n, nm) for n, nm, _, _ in gathered], rank)
-        bad = [(q, e) for q, (_, _, _, e) in enumerate(gathered) if e is not None]
+        check_symmetric_requests([(n, nm) for n, nm, _, _, _ in gathered], rank)
+        bad = [(q, e) for q, (_, _, _, _, e) in enumerate(gathered) if e is not None]
         if bad:
             raise DistError(
                 f"symmetric buffer '{name}' ({nbytes} bytes): allocation failed on rank(s) "
@@ -127,13 +148,13 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
     def open_all():
         nonlocal table
         peers = []
-        for q, (_, _, h, _) in enumerate(gathered):
+        for q, (_, _, h, off, _) in enumerate(gathered):
             if q == rank:
                 peers.append(ptr)
             else:
-                p = be.ipc_open(h)
+                p = be.ipc_open(h)  # the base of rank q's block: closed by this pointer
                 imported.append(p)
-                peers.append(p)
+                peers.append(p + off)
         table = be.malloc(8 * world)
         be.memcpy_htod(table, struct.pack(f"<{world}Q", *peers))
         return peers

@@ -116,6 +116,9 @@ class FakeBackend:
     def memcpy_dtoh(self, src, nbytes):
         return ctypes.string_at(src, nbytes)
 
+    def address_range(self, ptr):
+        return ptr, self.live[ptr][1].size()  # every fake allocation is a block of its own
+
     def ipc_get(self, ptr):
         return self.live[ptr][0].encode()
 

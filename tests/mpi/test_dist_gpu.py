@@ -4,7 +4,7 @@
     rawflux-launch -n 8 -m pytest --with-mpi tests/mpi/test_dist_gpu.py
 
 Every rank writes a distinct pattern into every peer's symmetric buffer through the peer table
-and checks what it received; ordered fill/verify rounds; 10,000 back-to-back barriers; a barrier
+and checks what it received (one large buffer, and eight small ones allocated back to back); ordered fill/verify rounds; 10,000 back-to-back barriers; a barrier
 in a CUDA graph replayed 1,000 times; one rank skipping a barrier makes the others raise
 CollectiveTimeout within the (2 s) timeout; barrier latency printed. Skips without a GPU."""
 from __future__ import annotations
@@ -36,6 +36,12 @@ def test_symmetric(group):
     from rawflux.dist import selftest
 
     _check(group, selftest.check_symmetric(group))
+
+
+def test_small_symmetric_buffers(group):
+    from rawflux.dist import selftest
+
+    _check(group, selftest.check_small_symmetric(group))
 
 
 def test_ordered_rounds(group):
