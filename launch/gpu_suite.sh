@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
-# ./.out). Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agce agdiag sanitize
+# ./.out); the whole output of the pytest, ag and rs stages to $OUT/suite/.
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -17,6 +18,18 @@ QUICK=${QUICK:-}
 REAL=${REAL:-}
 ranks() { if [ -n "$REAL" ]; then echo "-n $1"; else echo "--emulate $1"; fi; }  # rawflux-launch's mode flag
 log() { echo "=== $* ($(date +%T))"; }
+# keep NAME: the whole output goes to $OUT/suite/NAME.log; shown are its last TAIL lines, preceded
+# by the FAIL / error lines the tail would cut (session 10 lost a failure's text to TAIL=40).
+keep() {
+  local f="$OUT/suite/$1.log" n
+  mkdir -p "$OUT/suite"
+  cat > "$f"
+  n=$(wc -l < "$f")
+  if [ "$n" -gt "${TAIL:-80}" ]; then
+    head -n "$((n - ${TAIL:-80}))" "$f" | grep -a -E "FAIL|Error|error:" | head -40 | sed 's/^/[above the tail] /'
+  fi
+  tail -n "${TAIL:-80}" "$f"
+}
 rc=0
 for stage in "$@"; do
   case $stage in
@@ -28,14 +41,14 @@ for stage in "$@"; do
       # One process per file: in one process, torch's import failed after the fused-op tests had
       # run (2026-11-29, not understood yet; each file passes on its own).
       for f in tests/gpu/test_*.py; do
-        log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | tail -${TAIL:-15} || rc=1
+        log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | TAIL=${TAIL:-15} keep "pytest-$(basename "$f" .py)" || rc=1
       done ;;
     dist)
       log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
     ag)
-      log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+      log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
     rs)
-      log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | tail -${TAIL:-80} || rc=1 ;;
+      log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | keep gemm_rs_checks || rc=1 ;;
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
         log pytest-mpi world $n ${REAL:+one rank per GPU}
