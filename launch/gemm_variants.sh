@@ -2,7 +2,9 @@
 # A/B of the GEMM engine's compile-time switches (RAWFLUX_NVRTC_DEFINES) on one GPU: every variant
 # runs benchmarks/gemm.py in its own process, each against cuBLAS in that same run, so the ratios
 # compare across variants. Variants are `label|defines`, separated by ';'. A quick correctness check
-# (rel. Frobenius error vs float64, output poisoned) runs first, except for probes (RAWFLUX_PROBE).
+# (rel. Frobenius error vs float64, output poisoned) runs first, except for probes (RAWFLUX_PROBE);
+# it uses fixed seeds and prints a digest of its outputs' bits, and each variant's digest is
+# compared with the first variant's (a switch that must not change the math shows "same bits").
 # Output: $OUT/variant-<label>.{log,json}. Example (session 4, docs/gemm-notes.md):
 #   VARIANTS="oi|;nooi|RAWFLUX_ORDERED_ISSUE=0;p3|RAWFLUX_PROBE=3" GEMM_ARGS="--dtypes bf16 --ms 2048,8192" \
 #     bash launch/gemm_variants.sh
@@ -13,6 +15,7 @@ export PYTHONUNBUFFERED=1 RAWFLUX_CACHE_DIR=${RAWFLUX_CACHE_DIR:-/tmp/rawflux-ca
 VARIANTS=${VARIANTS:-"base|"}
 GEMM_ARGS=${GEMM_ARGS:-"--dtypes bf16 --ms 1024,4096,8192 --shapes 8192:8192,28672:8192,6144:12288"}
 IFS=';' read -ra VS <<< "$VARIANTS"
+export CHECK_SEED=${CHECK_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}  # the correctness check's inputs
 # compile every bf16 nk tile of every variant first, all cores at once
 for v in "${VS[@]}"; do
   label=${v%%|*}; defs=${v#*|}
@@ -34,9 +37,13 @@ for v in "${VS[@]}"; do
   echo "=== variant $label: RAWFLUX_NVRTC_DEFINES='$defs' ($(date +%T))"
   case "$defs" in *RAWFLUX_PROBE=*) ;; *)
   RAWFLUX_NVRTC_DEFINES="$defs" timeout 120 python3 - <<'PY'
+import hashlib
 import torch
 from rawflux import tune
 from rawflux.ops import gemm as g
+import os
+torch.manual_seed(int(os.environ["CHECK_SEED"]))  # one fresh seed per run, the same in every variant: the bits compare
+digest = hashlib.sha1()
 worst = 0.0
 for tag in ("128x256x64s4c2x1w2", "128x320x64s4c2x1w2"):
     t = tune.parse_tag(tag + "/k1/g8m/p0").tile
@@ -47,12 +54,21 @@ for tag in ("128x256x64s4c2x1w2", "128x320x64s4c2x1w2"):
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) if lay == "nk" else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         g.gemm(a, b, b_layout=lay, out=out, config=tune.GemmConfig(t, 1, 8, False))
+        digest.update(out.view(torch.int16).cpu().numpy().tobytes())
         ref = a.double() @ (b.double().T if lay == "nk" else b.double())
         err = ((out.double() - ref).norm() / ref.norm()).item()
         worst = max(worst, err if err == err else 1.0)
 print(f"correctness: worst rel Frobenius err {worst:.2e} -> {'PASS' if worst < 1e-2 else 'FAIL'}")
+print(f"output bits: {digest.hexdigest()[:16]}")
 PY
-  ;; esac
+  ;; esac > "$OUT/variant-$label.check" 2>&1
+  cat "$OUT/variant-$label.check"
+  bits=$(sed -n 's/^output bits: //p' "$OUT/variant-$label.check")
+  if [ -n "$bits" ]; then
+    if [ -z "${first_bits:-}" ]; then first_bits=$bits; first_label=$label
+    elif [ "$bits" = "$first_bits" ]; then echo "output bits: same as variant $first_label"
+    else echo "output bits: DIFFERENT from variant $first_label"; fi
+  fi
   RAWFLUX_NVRTC_DEFINES="$defs" timeout 300 python3 benchmarks/gemm.py $GEMM_ARGS --json "$OUT/variant-$label.json" > "$OUT/variant-$label.log" 2>&1
   grep -E "^(bf16|f16) |summary|ratio|rawflux" "$OUT/variant-$label.log" | tail -40
 done

@@ -50,6 +50,13 @@ RAWFLUX_DEVICE u64 smem_desc(u32 smem_addr, u32 lbo_bytes, u32 sbo_bytes) {
   return d;
 }
 
+// The descriptor of the operand `bytes` further on: a 32-bit add to the low word's 14-bit address
+// field, which cannot carry out of it (shared addresses stay below 2^18 bytes).
+RAWFLUX_DEVICE u64 desc_step(u64 desc, u32 bytes) {
+  const u32 lo = (u32)desc + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // D (64 x N, fp32) (+)= A (64 x 16, K-major smem) * B (16 x N, K-major or MN-major smem).
 // kF16: f16 inputs (else bf16). kTransB: 1 when B is MN-major in shared memory.
 // scale_d == 0 overwrites D (first k step of a tile), else accumulates.
@@ -98,9 +105,12 @@ def spec(n: int) -> str:
 NS = list(range(16, 257, 16))
 
 
+def render() -> str:
+    return HEAD + "".join(spec(n) for n in NS) + TAIL
+
+
 def main() -> None:
-    text = HEAD + "".join(spec(n) for n in NS) + TAIL
-    (Path(__file__).parent / "wgmma.cuh").write_text(text)
+    (Path(__file__).parent / "wgmma.cuh").write_text(render())
 
 
 if __name__ == "__main__":
