@@ -36,7 +36,8 @@ for stage in "$@"; do
     env)
       log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m 2>/dev/null | head -20
       echo "RAWFLUX_COMMIT=${RAWFLUX_COMMIT:-unset} (the device copy's .git can be stale: git says $(git rev-parse --short HEAD 2>/dev/null))"
-      python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" ;;
+      python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())"
+      python3 tests/gpu/suballoc_probe.py 2>&1 | tail -6 ;;
     pytest)
       # One process per file: in one process, torch's import failed after the fused-op tests had
       # run (2026-11-29, not understood yet; each file passes on its own).
