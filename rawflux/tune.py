@@ -139,6 +139,12 @@ TILES: dict[TileConfig, float] = {
     _tile(128, 192, cluster_m=2): 1.02,
     _tile(128, 192): 0.98,
     _tile(128, 128): 0.77,
+    # 128x96 (session 11): at m = 128 its tiles fill the grid where 128-column tiles leave SMs idle
+    # (n = 12288: 128 tiles, not 96), and its k-split pair fills 128 SMs at n = 6144 (128x128's:
+    # 96). Measured at m = 128: 0.92-0.96 of cuBLAS against 0.89-0.92 for 128x128 (no cluster, and
+    # the k-split pair). cuBLAS itself runs a 96-column tile there. With rate 0.70 the model picks
+    # it at those two points of the bar grid only.
+    _tile(128, 96): 0.70,
     # 128x224 (cluster 2x1, session 9): where n = 28672 is cut in 128 columns of tiles, its waves
     # quantize best at small m (m = 512: 512 tiles, 3.9 waves, against 2.7 for 128x320). Measured
     # there: 0.944-0.950 of cuBLAS at m = 512 (128x320: 0.909-0.912) and 1.03-1.05 at m = 256
@@ -170,6 +176,7 @@ KSPLIT_RATE = 0.97
 KSPLIT_TILES: tuple[TileConfig, ...] = (
     _tile(128, 128, cluster_k=2),
     _tile(128, 256, cluster_k=2),
+    _tile(128, 96, cluster_k=2),
 )
 
 

@@ -326,7 +326,7 @@ def _frag_value(tid, reg, wn):
     return row, col
 
 
-@pytest.mark.parametrize("wn", [16, 64, 128, 160, 224, 256])
+@pytest.mark.parametrize("wn", [16, 48, 64, 128, 160, 224, 256])
 def test_store_rows_f32_exchange(wn):
     regs = wn // 2
     truth = np.arange(64 * wn, dtype=np.float64).reshape(64, wn)

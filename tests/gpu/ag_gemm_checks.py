@@ -198,8 +198,13 @@ def agree(comm, ok: bool, detail: str) -> tuple[bool, str]:
 # checks (each returns (ok, detail) on every rank; run on every rank together)
 
 
-def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_bias=False):
+def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_bias=False, tile=None):
     cp = _cp()
+    config = None
+    if tile is not None:  # (bm, bn): that compiled tile without a cluster, not the model's pick
+        from rawflux import tune
+
+        config = tune.GemmConfig(next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_size) == (*tile, 1)))
     op = ctx.op(direction, copy, n, k, layout, ctx.world * max(m_locs))
     problems = []
     with ctx.stream:
@@ -210,7 +215,7 @@ def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_
             b = weight(seed, ctx.rank, n, k, layout)
             bias = rand((n,), seed + 99 + ctx.rank) if with_bias else None
             out = poisoned((m, n))
-            res, gview = op(a, b, bias=bias, out=out, return_gathered=True, stream=ctx.stream)
+            res, gview = op(a, b, bias=bias, out=out, return_gathered=True, stream=ctx.stream, config=config)
             gath = gview.copy()  # valid until the next call: keep a copy for the comparisons
             full = full_a(seed, ctx.world, m_loc, k)
             ref = ctx.gemm(full, b, layout, bias, op.last_config)
@@ -227,7 +232,8 @@ def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_
                 cfg = op.last_config.tag() if op.last_config else "gemm default"
                 problems.append(f"m/W={m_loc}: out differs from rawflux.gemm in {len(crows)} rows (chunks "
                                 f"{chunks_of(crows, m_loc)}), {nan} NaN, config {cfg}")
-    return not problems, "; ".join(problems[:3]) or f"m/W in {list(m_locs)}, n={n} k={k} {layout}{' +bias' if with_bias else ''}"
+    return not problems, "; ".join(problems[:3]) or (f"m/W in {list(m_locs)}, n={n} k={k} {layout}{' +bias' if with_bias else ''}"
+                                                     f"{' tile ' + config.tile.tag() if config else ''}")
 
 
 def check_accuracy(ctx: Ctx, layout="nk", m_loc=256, n=512, k=2048):
@@ -604,6 +610,8 @@ def checks(ctx: Ctx):
         out.append((f"bitwise[{tag},nk]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (256, 64, 128))))
         out.append((f"bitwise[{tag},kn,bias]", lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (192,), with_bias=True)))
         out.append((f"bitwise[{tag},odd_m]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", ODD_M_LOCAL)))
+        # 128x96 (session 11): 48 columns per warpgroup, stored from registers; ragged n
+        out.append((f"bitwise[{tag},tile128x96]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (65, 128), n=232, tile=(128, 96))))
     out.append(("accuracy", check_accuracy))
     if ctx.world > 1:
         out.append(("gathered_nccl", check_gathered_nccl))

@@ -183,6 +183,9 @@ CORRECT_CASES = [
     # 128x224 (session 9): 224 columns per warpgroup, not whole 64-column boxes; ragged n
     ("correct.tile128x224", 160, 1000, 256, "nk", "bf16", "fp32", "in", (128, 224, 2)),
     ("correct.tile128x224_bf16p", 72, 680, 136, "nk", "bf16", "bf16", None, (128, 224, 2)),
+    # 128x96 (session 11): 48 columns per warpgroup; ragged n
+    ("correct.tile128x96", 136, 1000, 256, "nk", "bf16", "fp32", "in", (128, 96, 1)),
+    ("correct.tile128x96_f16p", 40, 584, 136, "nk", "f16", "f16", None, (128, 96, 1)),
 ]
 
 
