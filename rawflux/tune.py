@@ -141,9 +141,10 @@ TILES: dict[TileConfig, float] = {
     _tile(128, 128): 0.77,
     # 128x96 (session 11): at m = 128 its tiles fill the grid where 128-column tiles leave SMs idle
     # (n = 12288: 128 tiles, not 96), and its k-split pair fills 128 SMs at n = 6144 (128x128's:
-    # 96). Measured at m = 128: 0.92-0.96 of cuBLAS against 0.89-0.92 for 128x128 (no cluster, and
+    # 96). Measured at m = 128: 0.92-0.97 of cuBLAS against 0.885-0.92 for 128x128 (no cluster, and
     # the k-split pair). cuBLAS itself runs a 96-column tile there. With rate 0.70 the model picks
-    # it at those two points of the bar grid only.
+    # it at those two points of the bar grid, and at 8 of 24 smaller shapes swept off the grid (6
+    # faster than the previous pick, 2 slower: m = 192; benchmarks/results/gemm-variants-2026-11-29-s11).
     _tile(128, 96): 0.70,
     # 128x224 (cluster 2x1, session 9): where n = 28672 is cut in 128 columns of tiles, its waves
     # quantize best at small m (m = 512: 512 tiles, 3.9 waves, against 2.7 for 128x320). Measured
