@@ -3,9 +3,11 @@
 # runs benchmarks/gemm.py in its own process, each against cuBLAS in that same run, so the ratios
 # compare across variants. Variants are `label|defines`, separated by ';'. A quick correctness check
 # (rel. Frobenius error vs float64, output poisoned) runs first, except for probes (RAWFLUX_PROBE);
-# it uses fixed seeds and prints a digest of its outputs' bits, and each variant's digest is
-# compared with the first variant's (a switch that must not change the math shows "same bits").
-# Output: $OUT/variant-<label>.{log,json}. Example (session 4, docs/gemm-notes.md):
+# its inputs come from one fresh seed per run (CHECK_SEED), the same for every variant, and it
+# prints a digest of its outputs' bits, which each variant compares with the first variant's (a
+# switch that must not change the math shows "same bits"). At the end benchmarks/gemm_compare.py
+# sets every variant's ratios beside the first's, point by point.
+# Output: $OUT/variant-<label>.{check,log,json}, $OUT/compare.txt. Example (session 4, docs/gemm-notes.md):
 #   VARIANTS="oi|;nooi|RAWFLUX_ORDERED_ISSUE=0;p3|RAWFLUX_PROBE=3" GEMM_ARGS="--dtypes bf16 --ms 2048,8192" \
 #     bash launch/gemm_variants.sh
 set -uo pipefail
@@ -72,3 +74,14 @@ PY
   RAWFLUX_NVRTC_DEFINES="$defs" timeout 300 python3 benchmarks/gemm.py $GEMM_ARGS --json "$OUT/variant-$label.json" > "$OUT/variant-$label.log" 2>&1
   grep -E "^(bf16|f16) |summary|ratio|rawflux" "$OUT/variant-$label.log" | tail -40
 done
+# Point by point against the first variant (benchmarks/gemm_compare.py): each variant's ratios and
+# its median difference to the first.
+files=(); labels=()
+for v in "${VS[@]}"; do
+  label=${v%%|*}
+  [ -s "$OUT/variant-$label.json" ] && { files+=("$OUT/variant-$label.json"); labels+=("$label"); }
+done
+if [ ${#files[@]} -gt 1 ]; then
+  echo "=== compare"
+  python3 benchmarks/gemm_compare.py "${files[@]}" --labels "$(IFS=,; echo "${labels[*]}")" | tee "$OUT/compare.txt"
+fi

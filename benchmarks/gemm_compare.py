@@ -1,0 +1,89 @@
+"""Compare benchmarks/gemm.py runs point by point: each run's rawflux ratio (to the faster of
+torch.matmul / cupy.matmul in that same run) at every (dtype, m, n, k), then each run's median
+and lowest ratio and its median difference to the first run (the A/B of launch/gemm_variants.sh).
+
+    python benchmarks/gemm_compare.py base.json new.json [base2.json ...] [--labels a,b,c]
+
+Ratios compare across runs (each is against cuBLAS in its own process); raw TFLOP/s do not, since
+the GPU's clock drifts between processes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+CUBLAS = ("torch.matmul", "cupy.matmul")
+
+Point = tuple[str, int, int, int]
+
+
+def ratios(rows: list[dict], impl: str = "rawflux") -> dict[Point, tuple[float, str]]:
+    """(dtype, m, n, k) -> (impl's TF/s over the faster cuBLAS's, impl's config) for one run."""
+    best: dict[Point, float] = {}
+    for r in rows:
+        if r["impl"] in CUBLAS:
+            key = (r["dtype"], r["m"], r["n"], r["k"])
+            best[key] = max(best.get(key, 0.0), r["tflops"])
+    out = {}
+    for r in rows:
+        key = (r["dtype"], r["m"], r["n"], r["k"])
+        if r["impl"] == impl and best.get(key):
+            out[key] = (r["tflops"] / best[key], r.get("config") or "")
+    return out
+
+
+def compare(runs: dict[str, dict[Point, tuple[float, str]]]) -> tuple[list[str], list[str]]:
+    """(table lines, summary lines) for the runs, keyed by label in order; the first is the base."""
+    labels = list(runs)
+    base = runs[labels[0]]
+    points = sorted({p for r in runs.values() for p in r})
+    table = ["dtype m n k | " + " ".join(f"{lab:>8s}" for lab in labels) + " | config of " + labels[0]]
+    for p in points:
+        cells = [f"{runs[lab][p][0]:8.3f}" if p in runs[lab] else f"{'-':>8s}" for lab in labels]
+        table.append(f"{p[0]} {p[1]} {p[2]} {p[3]} | " + " ".join(cells) + " | " + (base[p][1] if p in base else "-"))
+    summary = []
+    for lab in labels:
+        vals = [v for v, _ in runs[lab].values()]
+        if not vals:
+            summary.append(f"{lab}: no rawflux rows")
+            continue
+        line = f"{lab}: {len(vals)} points, median {statistics.median(vals):.3f}, lowest {min(vals):.3f}"
+        if lab != labels[0]:
+            common = [p for p in runs[lab] if p in base]
+            if common:
+                diffs = [runs[lab][p][0] - base[p][0] for p in common]
+                better = sum(d > 0.005 for d in diffs)
+                worse = sum(d < -0.005 for d in diffs)
+                line += (f"; against {labels[0]} on {len(common)} common points: median {statistics.median(diffs):+.3f}, "
+                         f"{better} above / {worse} below by more than 0.005")
+        summary.append(line)
+    return table, summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="benchmarks/gemm.py --json files; the first is the base")
+    ap.add_argument("--labels", default="", help="comma-separated labels (default: the file names)")
+    args = ap.parse_args(argv)
+    labels = args.labels.split(",") if args.labels else [Path(f).stem for f in args.runs]
+    if len(labels) != len(args.runs):
+        ap.error(f"{len(labels)} labels for {len(args.runs)} runs")
+    if len(set(labels)) != len(labels):
+        ap.error(f"labels must differ: {labels}")
+    runs = {}
+    for lab, f in zip(labels, args.runs):
+        try:
+            runs[lab] = ratios(json.loads(Path(f).read_text())["rows"])
+        except (OSError, ValueError, KeyError) as e:
+            print(f"{f}: cannot read a gemm.py result ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+    table, summary = compare(runs)
+    print("\n".join(table + [""] + summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
