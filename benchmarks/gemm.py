@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_compare import ratios  # noqa: E402  (the same ratio gemm_compare.py reports)
+
 SHAPES_NK = [(6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672)]
 MS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
 L2_BYTES = 60 << 20
@@ -262,12 +265,9 @@ def main(argv=None) -> int:
         for impl in (("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles)
                      + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs)):
             big, small = [], []
-            for r in rows:
-                if r["impl"] != impl or r["dtype"] != dt:
-                    continue
-                ref = max(x["tflops"] for x in rows if x["dtype"] == dt and x["m"] == r["m"] and x["n"] == r["n"] and x["k"] == r["k"]
-                          and x["impl"] in ("torch.matmul", "cupy.matmul"))
-                (big if r["m"] >= 1024 else small).append(r["tflops"] / ref)
+            for (rdt, m, _, _), (ratio, _) in ratios(rows, impl).items():
+                if rdt == dt:
+                    (big if m >= 1024 else small).append(ratio)
             if big or small:
                 print(f"{dt} {impl}: m>=1024 min {min(big, default=float('nan')):.3f} median {statistics.median(big) if big else float('nan'):.3f}"
                       f" | m<=512 min {min(small, default=float('nan')):.3f} median {statistics.median(small) if small else float('nan'):.3f}")
