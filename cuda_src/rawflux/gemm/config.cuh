@@ -70,6 +70,27 @@ constexpr int kTmaStoreBufsMax = RAWFLUX_TMA_STORE_BUFS;
 // The same descriptors either way: shared addresses stay below 2^18 bytes, so the 14-bit field
 // never carries (tests/cpu check every address). Measured with RAWFLUX_WAIT0: 0.949 -> 0.956.
 constexpr bool kDescStep = RAWFLUX_DESC_STEP != 0;
+#ifndef RAWFLUX_LOOP_ADDR
+#define RAWFLUX_LOOP_ADDR 39
+#endif
+// The consumers' k-loop turnaround (wgmma wait -> release -> full-barrier poll -> descriptors ->
+// next wgmma), a bit mask; 39 (= 32 + 4 + 2 + 1) by default since session 12, 0 is the loop before
+// it (docs/gemm-notes.md, sessions 11-12). Measured on the H200 in one process per mode, against
+// cuBLAS in the same run (benchmarks/results/gemm-variants-2026-11-29-s12, r1): median ratio at
+// m >= 1024 0.959 -> 0.980 (19 of 20 points up), at m <= 512 0.959 -> 0.982; modes 5 and 7 alone
+// (no unrolling) gain nothing. Output bits are the same in every mode.
+//   1: the full / empty barriers' addresses as 32-bit shared offsets from one base computed once,
+//      instead of a 64-bit generic &full[stage] converted on every k block;
+//   2: the consumer warpgroup index broadcast from lane 0 (__shfl_sync), so ptxas knows it is
+//      warp-uniform and keeps the addresses derived from it in uniform registers;
+//   4: each stage's wgmma descriptors as the ring's stage-0 descriptors plus the stage's offset
+//      in 16-byte units (desc_add), instead of rebuilt from the stage's address;
+//   8: the release's empty-barrier address as in 1;
+//  32 (with RAWFLUX_WAIT0): the k loop unrolled over whole rounds of the ring, the stage a
+//      constant in each copy, so that its barrier address and descriptors are immediates on
+//      uniform registers (no R2UR); k blocks before stage 0 comes round and after the last whole
+//      round take the generic loop.
+constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 #ifndef RAWFLUX_PROBE
 #define RAWFLUX_PROBE 0
 #endif

@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------------------------------------------------------- consumers
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const u32 tid = threadIdx.x % 128;
-    const u32 consumer = threadIdx.x / 128 - 1;
+    // RAWFLUX_LOOP_ADDR & 2: broadcast, so that ptxas sees a warp-uniform value.
+    const u32 consumer = ((kLoopAddr & 2) ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128) - 1;
     const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
     const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
     const u32 wm = consumer / Cfg::kWgN, wn = consumer % Cfg::kWgN;
@@ -308,19 +309,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) acc[i] = 0.f;
 
-    // Hands a consumed stage back to the producer of every CTA that wrote into it.
-    auto release = [&](u32 s) {
-      if constexpr (Cfg::kMcastSize > 1) {
-        if (lane < (u32)Cfg::kMcastSize) ptx::mbar_arrive_cluster(&empty[s], lane);
-      } else {
-        if (lane == 0) ptx::mbar_arrive(&empty[s]);
-      }
-    };
-
     const u32 a_off = wm * 64 * Cfg::kRowBytes;
     const u32 b_off = Cfg::kBLayout == kLayoutNK ? wn * Cfg::kWN * Cfg::kRowBytes : wn * (Cfg::kWN / 64) * Cfg::kChunkBytes;
     const u32 a_base0 = ptx::smem_u32(smem_a) + a_off;
     const u32 b_base0 = ptx::smem_u32(smem_b) + b_off;
+    // RAWFLUX_LOOP_ADDR & 1: full[0]'s 32-bit shared address, from the ring's (the barriers follow
+    // the stages; empty[s] follows full[] at 8 * (kStages + s)).
+    const u32 bar_addr0 = a_base0 - a_off + kStages * Cfg::kStageBytes;
+
+    // Hands a consumed stage back to the producer of every CTA that wrote into it.
+    auto release = [&](u32 s) {
+      if constexpr (Cfg::kMcastSize > 1) {
+        if (lane < (u32)Cfg::kMcastSize) {
+          if constexpr ((kLoopAddr & 8) != 0) {
+            ptx::mbar_arrive_cluster_addr(bar_addr0 + 8u * (kStages + s), lane);
+          } else {
+            ptx::mbar_arrive_cluster(&empty[s], lane);
+          }
+        }
+      } else {
+        if (lane == 0) {
+          if constexpr ((kLoopAddr & 8) != 0) {
+            ptx::mbar_arrive_addr(bar_addr0 + 8u * (kStages + s));
+          } else {
+            ptx::mbar_arrive(&empty[s]);
+          }
+        }
+      }
+    };
+
+    // RAWFLUX_LOOP_ADDR & 4: stage 0's descriptors; a stage's are these plus its offset (desc_add:
+    // shared addresses stay below 2^18, so the 14-bit address field never carries).
+    const u64 da_ring = ptx::smem_desc(a_base0, 16, 1024);
+    const u64 db_ring = ptx::smem_desc(b_base0, Cfg::kBLayout == kLayoutNK ? 16u : (u32)Cfg::kChunkBytes, 1024);
 
     // One wgmma: k16 step kk of n chunk c (columns [c * kWgmmaN, (c + 1) * kWgmmaN) of this
     // warpgroup's B slice, accumulator slice c) on the stage at (a_base, b_base). The first k16
@@ -328,7 +349,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     auto mma = [&](int c, int kk, u32 a_base, u32 b_base, bool first_block) {
       float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
       u64 da, db;
-      if constexpr (kDescStep) {  // step kk = step 0 + its byte offset / 16 in the address field
+      if constexpr ((kLoopAddr & 4) != 0) {  // a_base / b_base: the stage's offsets from the ring's start, in 16-byte units
+        da = ptx::desc_add(da_ring, a_base + kk * 2);
+        if constexpr (Cfg::kBLayout == kLayoutNK) {
+          db = ptx::desc_add(db_ring, b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes / 16 + kk * 2);
+        } else {
+          db = ptx::desc_add(db_ring, b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes / 16 + kk * 128);
+        }
+      } else if constexpr (kDescStep) {  // step kk = step 0 + its byte offset / 16 in the address field
         da = ptx::desc_step(ptx::smem_desc(a_base, 16, 1024), kk * 32);
         if constexpr (Cfg::kBLayout == kLayoutNK) {
           db = ptx::desc_step(ptx::smem_desc(b_base + c * Cfg::kWgmmaN * Cfg::kRowBytes, 16, 1024), kk * 32);
@@ -378,14 +406,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
         trace_stamp(kTraceFirstData);
       }
-      for (i32 i = 0; i < nkb; ++i) {
+      // One k block on stage st (parity ph): wait for its data, issue its wgmma group, then (kWait0)
+      // wait for the group and release the stage.
+      auto kblock = [&](u32 st, u32 ph, i32 i) {
         // The wait sum costs a register in the k loop: only where the accumulators leave room.
         constexpr bool kTraceWait = kTrace && Cfg::kAccRegs <= 128;
         const u32 wait_from = kTraceWait ? trace_now32() : 0u;
-        ptx::mbar_wait(&full[stage], phase, p.timeout_ns);
+        if constexpr ((kLoopAddr & 1) != 0) {
+          ptx::mbar_wait_addr(bar_addr0 + 8u * st, ph, p.timeout_ns);
+        } else {
+          ptx::mbar_wait(&full[st], ph, p.timeout_ns);
+        }
         if (kTraceWait && threadIdx.x == 128) trace_add_since(kTraceConsumerWait, wait_from);
-        const u32 a_base = a_base0 + stage * Cfg::kStageABytes;
-        const u32 b_base = b_base0 + stage * Cfg::kStageBBytes;
+        // RAWFLUX_LOOP_ADDR & 4: the stage's offsets from the ring's start in 16-byte units (mma
+        // adds them to da_ring / db_ring); else its shared addresses.
+        const u32 a_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageABytes / 16) : a_base0 + st * Cfg::kStageABytes;
+        const u32 b_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageBBytes / 16) : b_base0 + st * Cfg::kStageBBytes;
         if constexpr (kOrdered) wait_turn();
         ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
 #pragma unroll
@@ -396,15 +432,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::wgmma_commit();
         if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
-          release(stage);
+          release(st);
         } else {
           if constexpr (kOrdered) pass_turn();
           if (i > 0) {
             ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
             release(prev_stage);
           }
-          prev_stage = stage;
+          prev_stage = st;
         }
+      };
+      i32 i = 0;
+      if constexpr ((kLoopAddr & 32) != 0 && kWait0) {
+        // RAWFLUX_LOOP_ADDR & 32: whole rounds of the ring with the stage a constant in each copy of
+        // the body (its barrier address and descriptors fold into immediates); the generic loop
+        // takes the k blocks before the ring's stage 0 comes round and those after the last round.
+        for (; i < nkb && stage != 0; ++i) {
+          kblock(stage, phase, i);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        for (; i + kStages <= nkb; i += kStages) {
+#pragma unroll
+          for (int s = 0; s < kStages; ++s) kblock((u32)s, phase, i + s);
+          phase ^= 1u;
+        }
+      }
+      for (; i < nkb; ++i) {
+        kblock(stage, phase, i);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;

@@ -103,6 +103,19 @@ RAWFLUX_DEVICE void mbar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// mbar_arrive_cluster and mbar_arrive on a 32-bit shared address (the k loop's form).
+RAWFLUX_DEVICE void mbar_arrive_cluster_addr(u32 addr, u32 cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(addr),
+      "r"(cta)
+      : "memory");  // release.cta as mbar_arrive_cluster: the stage's wgmma reads are complete
+}
+RAWFLUX_DEVICE void mbar_arrive_addr(u32 addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");  // release.cta: shared reads before the waiter
+}
+
 RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
   u32 ok;
   // acquire (default .acquire.cta): the stage's bytes written by TMA / released by consumers are
@@ -122,6 +135,23 @@ RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
 // the clock is read only every 4096 failed polls so the fast path stays one try_wait.
 RAWFLUX_DEVICE void mbar_wait(u64* bar, u32 parity, i64 timeout_ns) {
   const u32 addr = smem_u32(bar);
+  if (mbar_try_wait(addr, parity)) return;
+  u64 start = 0;
+  for (u32 polls = 1;; ++polls) {
+    if (mbar_try_wait(addr, parity)) return;
+    if ((polls & 4095) == 0) {
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if ((i64)(now - start) > timeout_ns) {
+        asm volatile("trap;");  // rawflux gemm pipeline stalled: a barrier phase never completed
+      }
+    }
+  }
+}
+
+// mbar_wait on the barrier at 32-bit shared address `addr` (the k loop's form: no generic pointer).
+RAWFLUX_DEVICE void mbar_wait_addr(u32 addr, u32 parity, i64 timeout_ns) {
   if (mbar_try_wait(addr, parity)) return;
   u64 start = 0;
   for (u32 polls = 1;; ++polls) {
