@@ -3,6 +3,8 @@ with the reason when no GPU is usable, so the suite passes on CPU-only machines 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,19 @@ def gpu_available() -> tuple[bool, str]:
     except Exception as e:  # noqa: BLE001
         return False, f"CUDA device present but unusable: {type(e).__name__}: {e}"
     return True, f"{count} CUDA device(s)"
+
+
+def pytest_configure(config):
+    """Under an MPI launcher with several processes on this node, each rank gets its own base temp
+    dir (unless --basetemp is given): ranks sharing /tmp/pytest-of-<user> race in pytest's cleanup
+    of old numbered dirs, and one of them warns that it could not remove a `garbage-*` dir (seen
+    at 4 ranks, session 12)."""
+    from rawflux.env import launcher_local
+
+    local = launcher_local()
+    if local is None or local[1] < 2 or config.option.basetemp:
+        return
+    config.option.basetemp = str(Path(tempfile.gettempdir()) / f"pytest-rawflux-{os.getuid()}-rank{local[0]}")
 
 
 def pytest_collection_modifyitems(config, items):

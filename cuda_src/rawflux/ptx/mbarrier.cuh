@@ -73,18 +73,20 @@ RAWFLUX_DEVICE void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 
-// Arrive on the barrier at the same shared offset in cluster CTA `cta` (may be this CTA).
+// Arrive on the barrier at the same shared offset in cluster CTA `cta` (may be this CTA), given by
+// its 32-bit shared address (the k loop's form) or by pointer.
 // Default .release.cta semantics on purpose: what the arrival hands back is a stage whose reads by
 // wgmma are already complete (wgmma.wait_group), and nothing written needs publishing, so no
 // cluster-scope release is needed (a .release.cluster arrive costs a MEMBAR.GPU per k block).
-RAWFLUX_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta) {
+RAWFLUX_DEVICE void mbar_arrive_cluster_addr(u32 addr, u32 cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(addr),
       "r"(cta)
-      : "memory");
+      : "memory");  // release.cta: the stage's wgmma reads are complete before the producer reuses it
 }
+RAWFLUX_DEVICE void mbar_arrive_cluster(u64* bar, u32 cta) { mbar_arrive_cluster_addr(smem_u32(bar), cta); }
 
 // Arrive on the barrier at the same shared offset in cluster CTA `cta`, releasing at cluster scope:
 // this thread's earlier writes to that CTA's shared memory (st.shared::cluster) are visible to a
@@ -98,23 +100,12 @@ RAWFLUX_DEVICE void mbar_arrive_release_cluster(u64* bar, u32 cta) {
       : "memory");
 }
 
-// Plain local arrive (release at CTA scope: orders this thread's shared reads before the waiter).
-RAWFLUX_DEVICE void mbar_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
-// mbar_arrive_cluster and mbar_arrive on a 32-bit shared address (the k loop's form).
-RAWFLUX_DEVICE void mbar_arrive_cluster_addr(u32 addr, u32 cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(addr),
-      "r"(cta)
-      : "memory");  // release.cta as mbar_arrive_cluster: the stage's wgmma reads are complete
-}
+// Plain local arrive (release at CTA scope: orders this thread's shared reads before the waiter),
+// by 32-bit shared address (the k loop's form) or by pointer.
 RAWFLUX_DEVICE void mbar_arrive_addr(u32 addr) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");  // release.cta: shared reads before the waiter
 }
+RAWFLUX_DEVICE void mbar_arrive(u64* bar) { mbar_arrive_addr(smem_u32(bar)); }
 
 RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
   u32 ok;
@@ -130,27 +121,10 @@ RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
   return ok != 0;
 }
 
-// Waits for the phase of parity `parity` to complete. Bounded: a pipeline that stops moving
-// (a bug, never normal operation) ends in a trap after timeout_ns instead of hanging the GPU;
-// the clock is read only every 4096 failed polls so the fast path stays one try_wait.
-RAWFLUX_DEVICE void mbar_wait(u64* bar, u32 parity, i64 timeout_ns) {
-  const u32 addr = smem_u32(bar);
-  if (mbar_try_wait(addr, parity)) return;
-  u64 start = 0;
-  for (u32 polls = 1;; ++polls) {
-    if (mbar_try_wait(addr, parity)) return;
-    if ((polls & 4095) == 0) {
-      const u64 now = globaltimer_ns();
-      if (start == 0) {
-        start = now;
-      } else if ((i64)(now - start) > timeout_ns) {
-        asm volatile("trap;");  // rawflux gemm pipeline stalled: a barrier phase never completed
-      }
-    }
-  }
-}
-
-// mbar_wait on the barrier at 32-bit shared address `addr` (the k loop's form: no generic pointer).
+// Waits for the phase of parity `parity` of the barrier at 32-bit shared address `addr` (the k
+// loop's form) to complete. Bounded: a pipeline that stops moving (a bug, never normal operation)
+// ends in a trap after timeout_ns instead of hanging the GPU; the clock is read only every 4096
+// failed polls so the fast path stays one try_wait.
 RAWFLUX_DEVICE void mbar_wait_addr(u32 addr, u32 parity, i64 timeout_ns) {
   if (mbar_try_wait(addr, parity)) return;
   u64 start = 0;
@@ -166,6 +140,9 @@ RAWFLUX_DEVICE void mbar_wait_addr(u32 addr, u32 parity, i64 timeout_ns) {
     }
   }
 }
+
+// mbar_wait_addr on a barrier given by pointer.
+RAWFLUX_DEVICE void mbar_wait(u64* bar, u32 parity, i64 timeout_ns) { mbar_wait_addr(smem_u32(bar), parity, timeout_ns); }
 
 // mbar_wait with acquire at cluster scope: after it returns, what the threads of other cluster CTAs
 // wrote before their release.cluster arrivals on this phase is visible to this thread.
