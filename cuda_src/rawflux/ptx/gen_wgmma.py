@@ -57,6 +57,12 @@ RAWFLUX_DEVICE u64 desc_step(u64 desc, u32 bytes) {
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// The descriptor of the operand `units` x 16 bytes further on (desc_step without the shift).
+RAWFLUX_DEVICE u64 desc_add(u64 desc, u32 units) {
+  const u32 lo = (u32)desc + units;
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // D (64 x N, fp32) (+)= A (64 x 16, K-major smem) * B (16 x N, K-major or MN-major smem).
 // kF16: f16 inputs (else bf16). kTransB: 1 when B is MN-major in shared memory.
 // scale_d == 0 overwrites D (first k step of a tile), else accumulates.
