@@ -442,31 +442,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           prev_stage = st;
         }
       };
+      // One k block on the ring's current stage, then on to the next stage (parity flips at the wrap).
+      auto kblock_next = [&](i32 i) {
+        kblock(stage, phase, i);
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      };
       i32 i = 0;
       if constexpr ((kLoopAddr & 32) != 0 && kWait0) {
         // RAWFLUX_LOOP_ADDR & 32: whole rounds of the ring with the stage a constant in each copy of
         // the body (its barrier address and descriptors fold into immediates); the generic loop
         // takes the k blocks before the ring's stage 0 comes round and those after the last round.
-        for (; i < nkb && stage != 0; ++i) {
-          kblock(stage, phase, i);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1u;
-          }
-        }
+        for (; i < nkb && stage != 0; ++i) kblock_next(i);
         for (; i + kStages <= nkb; i += kStages) {
 #pragma unroll
           for (int s = 0; s < kStages; ++s) kblock((u32)s, phase, i + s);
           phase ^= 1u;
         }
       }
-      for (; i < nkb; ++i) {
-        kblock(stage, phase, i);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1u;
-        }
-      }
+      for (; i < nkb; ++i) kblock_next(i);
       if constexpr (!kWait0) {
         ptx::wgmma_wait<0>();
         release(prev_stage);
