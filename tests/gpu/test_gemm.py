@@ -366,3 +366,32 @@ def test_tma_store_matches_register_path_and_stays_in_bounds(rf):
                 assert diff == 0, f"{t.tag()} {layout} {dtype} splits={splits}: {diff} of {m * n} outputs differ from the rounded f32 path"
                 ref = _f64(a) @ _f64(w).T + _f64(bvec)[None, :]
                 assert _rel(out, ref) < 1e-2
+
+
+def test_short_a_box_matches_full_box(rf, monkeypatch):
+    """m below A's box: the kernel loads m rows rounded up to 8 (GemmParams::a_box_rows) and the
+    stage's other rows hold stale data from earlier stages. Their results must never reach C: the
+    bits equal the full (zero-filled) box's for every tile, split-K and k-split cluster included,
+    and C matches float64 with the output poisoned."""
+    from rawflux import tune
+
+    cfgs = [tune.GemmConfig(t, s, 8, False) for t in tune.TILES for s in (1, 2)]
+    cfgs += [tune.GemmConfig(t, 1, 8, False) for t in tune.KSPLIT_TILES]
+    for m in (1, 13, 40):
+        n, k = 384, 1096
+        seed = random.randrange(1 << 30)
+        a, w = _rand((m, k), "bf16", seed), _rand((n, k), "bf16", seed + 1)
+        ref = _f64(a) @ _f64(w).T
+        for cfg in cfgs:
+            if m >= cfg.tile.bm // cfg.tile.cluster_n:
+                continue
+            assert rf.a_box_rows(cfg.tile, m) == -(-m // 8) * 8
+            cut = _poisoned((m, n), "bf16")
+            rf.gemm(a, w, out=cut, config=cfg)
+            full_cfg = tune.GemmConfig(cfg.tile, cfg.splits, cfg.group, cfg.raster_n, ctas=1024)  # its own cached plan
+            with monkeypatch.context() as mp:
+                mp.setattr(rf, "a_box_rows", lambda t, m_: t.bm // t.cluster_n)
+                full = _poisoned((m, n), "bf16")
+                rf.gemm(a, w, out=full, config=full_cfg)
+            assert cupy.array_equal(cut.view(cupy.uint16), full.view(cupy.uint16)), (m, cfg.tag())
+            assert _rel(cut, ref) < 1e-2, (m, cfg.tag())

@@ -27,7 +27,9 @@ struct GemmParams {
   i32 sk_tiles;          // stream-K (StreamKSched only): the last sk_tiles cluster tiles of the raster order
                          // are cut into equal runs of k blocks, one run per cluster of the grid; 0 = none.
                          // splits is then the most runs any tile is cut into (the workspace's slot depth).
-  i32 pad;
+  i32 a_box_rows;        // rows of A's TMA box: kBoxARows, or fewer when m is smaller (the host rounds m up
+                         // to 8): rows past it are not loaded, where a full box would zero-fill them (slow).
+                         // 0 = kBoxARows. The stage's rows past it hold stale data; their results are never stored.
   u64 workspace;         // split-K / stream-K: fp32 partial tiles (see splitk_fixup in mainloop_sm90.cuh)
   u64 counters;          // split-K / stream-K: one u32 arrival counter per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)

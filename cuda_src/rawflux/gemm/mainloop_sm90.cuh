@@ -238,6 +238,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
       const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
       const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
+      // Bytes a stage receives: A's box may be shorter than kBoxARows (GemmParams::a_box_rows).
+      const u32 stage_tx = p.a_box_rows > 0 ? (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - p.a_box_rows) * Cfg::kClusterN * Cfg::kRowBytes)
+                                            : (u32)Cfg::kStageBytes;
       while (sched.next(p, w)) {
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             continue;
           }
-          ptx::mbar_arrive_expect_tx(&full[stage], Cfg::kStageBytes);
+          ptx::mbar_arrive_expect_tx(&full[stage], stage_tx);
           u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
           if constexpr (Cfg::kClusterN > 1) {
             ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
