@@ -27,7 +27,8 @@ os.environ["RAWFLUX_NVRTC_DEFINES"] = (os.environ.get("RAWFLUX_NVRTC_DEFINES", "
 STAMPS = ["entry", "synced", "producer_ready", "first_load", "consumer_ready", "first_data", "loop_end", "exit"]
 SUMS = ["producer_wait", "consumer_wait"]  # ns summed over the CTA's tiles (slots 8, 9)
 SM_SLOT = 10  # kTraceSm
-SLOTS = 11  # kTraceSlots
+CYCLES = 11  # kTraceLoopCycles, kTraceEpiCycles, kTraceTiles (SM cycles summed over tiles, and the tile count)
+SLOTS = 14  # kTraceSlots
 CTAS = 1024  # kTraceCtas
 DEFAULT_CASES = ("64,8192,8192;128,8192,8192;256,8192,8192;512,8192,8192;128,8192,8192,128x128x64s7c1w2/k1/g8m/p0;"
                  "4096,8192,8192")
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         buf = cupy.ndarray((CTAS, SLOTS), dtype=cupy.uint64,
                            memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, CTAS * SLOTS * 8, kern._module), 0))
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        med, slow, times = [], [], []
+        med, slow, times, per_tile = [], [], [], []
         for rep in range(args.reps):
             a, w, o = sets[rep % 4]
             a2, w2, o2 = sets[(rep + 1) % 4]
@@ -87,6 +88,9 @@ def main(argv=None) -> int:
             med.append(np.median(rel, axis=0))
             slow.append(rel.max(axis=0))
             times.append((ev[0].elapsed_time(ev[1]) * 1e3, ev[1].elapsed_time(ev[2]) * 1e3))
+            cyc = live[:, CYCLES:CYCLES + 3].astype(np.float64)
+            ok = cyc[:, 2] > 0
+            per_tile.append((np.median(cyc[ok, 0] / cyc[ok, 2]), np.median(cyc[ok, 1] / cyc[ok, 2])) if ok.any() else (0.0, 0.0))
         med_s, slow_s = np.median(np.array(med), axis=0), np.median(np.array(slow), axis=0)
         row = {"m": m, "n": n, "k": k, "config": cfg.tag(), "ctas": int(len(live)),
                "cublas_us": statistics.median(x[0] for x in times), "rawflux_us": statistics.median(x[1] for x in times),
@@ -94,11 +98,15 @@ def main(argv=None) -> int:
                "slowest_cta_us": dict(zip(STAMPS + SUMS, slow_s.round(3).tolist())),
                "last_rep_ctas": [dict(zip(STAMPS + SUMS, r.round(3).tolist()), cta=int(i), sm=int(sm))
                                  for i, r, sm in zip(ids, rel, live[:, SM_SLOT])]}
+        loop_c, epi_c = (statistics.median(x[i] for x in per_tile) for i in (0, 1))
+        row["per_tile_cycles"] = {"loop": round(loop_c), "epilogue": round(epi_c)}
         out.append(row)
         print(f"{m}x{n}x{k} [{cfg.tag()}] {row['ctas']} CTAs; events: cuBLAS {row['cublas_us']:.1f} us, rawflux {row['rawflux_us']:.1f} us")
         print("   " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in zip(STAMPS, med_s, slow_s)))
         print("   waits (us, median / largest CTA): " + "  ".join(f"{s} {a:.2f}/{b:.2f}" for s, a, b in
                                                           zip(SUMS, med_s[len(STAMPS):], slow_s[len(STAMPS):])), flush=True)
+        if loop_c:
+            print(f"   per tile (median CTA, SM cycles): loop {loop_c:.0f}  epilogue {epi_c:.0f} ({100 * epi_c / (loop_c + epi_c):.2f} %)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "rows": out}, f, indent=1)

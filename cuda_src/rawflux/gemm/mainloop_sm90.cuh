@@ -401,9 +401,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (consumer == 1) pass_turn();  // warpgroup 0 goes first
     }
 
+    // Per-tile phase sums (RAWFLUX_TRACE): a register across the k loop, so only where the
+    // accumulators leave room.
+    constexpr bool kTracePhases = kTrace && Cfg::kAccRegs <= 128;
     while (sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
+      const u32 tile_from = kTracePhases ? trace_clock32() : 0u;
       if (kTrace && trace_thread(128) && nkb > 0) {  // stamps outside the k loop: no register there
         trace_stamp(kTraceConsumerReady);
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
@@ -472,6 +476,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       ptx::reg_fence(acc);
       if (kTrace && trace_thread(128)) trace_stamp(kTraceLoopEnd);
+      const u32 epi_from = kTracePhases ? trace_clock32() : 0u;
+      if (kTracePhases && trace_thread(128)) trace_add_cycles(kTraceLoopCycles, tile_from, false);
 
       TileCoord tc;
       tc.tile_m = w.tile_m;
@@ -488,6 +494,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
       if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
+      if (kTracePhases && trace_thread(128)) trace_add_cycles(kTraceEpiCycles, epi_from, true);
       if constexpr (Epilogue::kTileBarrier) {
         ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
         Epilogue::template tile_done<Cfg>(epi, p, tc);

@@ -26,7 +26,11 @@ enum : int {
   kTraceConsumerWait = 9,   // ns consumer warpgroup 0 spent waiting for full stages, all tiles (a sum;
                             // 0 for the 128x320 tile, whose k loop has no register to spare)
   kTraceSm = 10,            // the SM the CTA ran on (%smid), to tell a slow SM from slow data
-  kTraceSlots = 11
+  kTraceLoopCycles = 11,    // SM cycles consumer warpgroup 0 spent from a tile's start to its loop end, all tiles
+  kTraceEpiCycles = 12,     // ... from a tile's loop end to its epilogue's return, all tiles
+  kTraceTiles = 13,         // tiles consumer warpgroup 0 ran (the two cycle sums: tiles whose
+                            // fragment is at most 128 registers; 0 for wider ones, as slot 9)
+  kTraceSlots = 14
 };
 
 }  // namespace rawflux
@@ -71,6 +75,25 @@ RAWFLUX_DEVICE u32 trace_now32() {
   asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
 #endif
   return t;
+}
+
+// The SM's cycle counter's low 32 bits: per-tile phases, finer than the global timer's steps.
+RAWFLUX_DEVICE u32 trace_clock32() {
+  u32 t = 0;
+#if RAWFLUX_TRACE
+  asm volatile("mov.u32 %0, %%clock;" : "=r"(t));
+#endif
+  return t;
+}
+
+// Adds the cycles since `since` (a trace_clock32() value) to a sum slot, and (count) one to kTraceTiles.
+RAWFLUX_DEVICE void trace_add_cycles(int slot, u32 since, bool count) {
+#if RAWFLUX_TRACE
+  if (blockIdx.x < (unsigned)kTraceCtas) {
+    atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + slot], (u64)(trace_clock32() - since));
+    if (count) atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + kTraceTiles], 1ull);
+  }
+#endif
 }
 
 // Adds the ns since `since` (a trace_now32() value) to a sum slot: a reduction, so the caller
