@@ -138,7 +138,9 @@ TILES: dict[TileConfig, float] = {
     _tile(128, 256): 1.01,
     _tile(128, 192, cluster_m=2): 1.02,
     _tile(128, 192): 0.98,
-    _tile(128, 128): 0.77,
+    # 128x128: 0.77 -> 0.90 (session 13): at m = 256, 8192x8192 it ran 49.3 us (r3), 0.99 of
+    # 128x256's per-SM flop rate; pulled by its bytes (below) it still loses at large m.
+    _tile(128, 128): 0.90,
     # 128x96 (session 11): at m = 128 its tiles fill the grid where 128-column tiles leave SMs idle
     # (n = 12288: 128 tiles, not 96), and its k-split pair fills 128 SMs at n = 6144 (128x128's:
     # 96). Measured at m = 128: 0.92-0.97 of cuBLAS against 0.885-0.92 for 128x128 (no cluster, and
@@ -153,7 +155,10 @@ TILES: dict[TileConfig, float] = {
     # it at m = 256 and 512 with n = 28672 only. Its C is stored from registers: 224 columns are not
     # whole 64-column TMA boxes.
     _tile(128, 224, cluster_m=2): 1.00,
-    _tile(64, 256): 0.70,
+    # 64x256: 0.70 -> 1.00 (session 13): since session 12's k loop it runs at 128x256's per-SM flop
+    # rate where its bytes let it (m = 192, 8192x8192: 50.4 us; m = 320: 72 us where the old pick,
+    # 128x192 2x1, ran 120 us). Its pull rate is PULL_SCALE's.
+    _tile(64, 256): 1.00,
     _tile(64, 128): 0.62,
     # 128 x 320: two m64n160 wgmma per k16 step per warpgroup (the tile cuBLAS picks for large
     # problems, 2026-11-29 ncu): 7 % more MACs per byte staged than 128 x 256, but wider column
@@ -173,7 +178,9 @@ TILES: dict[TileConfig, float] = {
 # least 2 k blocks (ksplit_fits). The model times one as split-K k2 on the same tile without a
 # cluster, times KSPLIT_RATE: on the H200 (session 10) it ran 0.93-0.98x the time of split-K k2
 # at all seven points measured (m 128-256), with the same bits.
-KSPLIT_RATE = 0.97
+# 1.00 since session 13's model (with 0.97 it picks the 128x256 pair at m = 192, n = 8192,
+# k = 28672, measured 1.35x the best there, r3).
+KSPLIT_RATE = 1.00
 KSPLIT_TILES: tuple[TileConfig, ...] = (
     _tile(128, 128, cluster_k=2),
     _tile(128, 256, cluster_k=2),
@@ -210,7 +217,9 @@ class DeviceInfo:
 
     @property
     def sm_pull_bytes_per_s(self) -> float:
-        return 60e9  # what one SM's TMA pipeline pulled in the small-m sweeps (~55-65 GB/s)
+        # What one SM's TMA pipeline pulls (L2 -> shared memory): ~55-65 GB/s with the k loop before
+        # session 12, 70 GB/s fit in session 13 (PULL_SCALE for the tiles that pull more).
+        return 70e9
 
     @property
     def fixup_bytes_per_s(self) -> float:
@@ -313,6 +322,31 @@ def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
     return SkPlan(g, sk, most, pieces, kb)
 
 
+# Session 13's refit of the model (docs/gemm-notes.md, session 13): scored on every config timed in
+# session 12's sweeps (r3-r5) and session 13's A/B of moved picks, by the regret of the pick.
+#
+# A tile's pull rate relative to sm_pull_bytes_per_s: 64x256 moves 5.2 MB per CTA in 50 us at m = 192,
+# 8192x8192 (~100 GB/s; its 40 KB stages keep more bytes in flight per TMA issue).
+PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25}
+# The part of a wave's shorter bound (SM time or DRAM time) that adds to its longer one: with 0 the
+# configs at the DRAM floor tie and the pick among them is arbitrary.
+DRAM_SM_OVERLAP = 0.2
+# What a row of A past m costs the pull, against a loaded row: the TMA unit zero-fills it, and that
+# is slower than loading (128x128 at m = 192, 8192x8192: >= 64 us, against 49 us at m = 256). Only
+# in a ragged last tile row: a problem smaller than one A box loads m rows (ops.gemm.a_box_rows).
+OOB_FILL_COST = 1.5
+
+
+def _a_pull_rows(m: int, t: TileConfig) -> float:
+    """Rows of A one CTA's box pulls per k block, in loaded-row units, for the slowest tile row."""
+    box = t.bm // t.cluster_n
+    if m < box:
+        return float(_cdiv(m, 8) * 8)
+    tail = m - (_cdiv(m, t.bm) - 1) * t.bm  # valid rows of the last tile row
+    oob = max(0, box - tail) if tail < t.bm else 0
+    return box - oob + OOB_FILL_COST * oob
+
+
 def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
     """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
     bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
@@ -334,8 +368,9 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)  # flop/s of one SM in the mainloop
     unit_flops = 2.0 * t.bm * t.bn * BK * per
     # Bytes one CTA pulls per unit (multicast slices count once per cluster).
-    unit_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0 * per
-    t_unit = max(unit_flops / rate, unit_bytes / dev.sm_pull_bytes_per_s) + 2e-6  # + fill, epilogue
+    unit_bytes = (_a_pull_rows(m, t) + t.bn / t.cluster_m) * BK * 2.0 * per
+    pull = dev.sm_pull_bytes_per_s * PULL_SCALE.get((t.bm, t.bn), 1.0)
+    t_unit = max(unit_flops / rate, unit_bytes / pull) + 2e-6  # + fill, epilogue
     if splits > 1:
         # Split-K fix-up, after the unit's main loop and not overlapped with it: the fp32 partial
         # written, and (by the last split) every split's partial read back.
@@ -347,8 +382,10 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     unit_dram = nbytes / units
 
     def wave(u: int) -> float:
-        # u units at once: each as fast as its SM allows, all together no faster than DRAM.
-        return max(t_unit, u * unit_dram / dev.dram_bytes_per_s)
+        # u units at once: each as fast as its SM allows, all together no faster than DRAM, and a
+        # share of the shorter bound still shows (DRAM_SM_OVERLAP).
+        sm_t, dram_t = t_unit, u * unit_dram / dev.dram_bytes_per_s
+        return max(sm_t, dram_t) + DRAM_SM_OVERLAP * min(sm_t, dram_t)
 
     full, rest = divmod(units, slots)
     # A short last wave costs a whole unit time: wave quantization.
@@ -365,7 +402,7 @@ def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, ou
     rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)
     kb_flops = 2.0 * t.bm * t.bn * BK
     kb_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0
-    t_kb = max(kb_flops / rate, kb_bytes / dev.sm_pull_bytes_per_s)
+    t_kb = max(kb_flops / rate, kb_bytes / (dev.sm_pull_bytes_per_s * PULL_SCALE.get((t.bm, t.bn), 1.0)))
     ctiles = cluster_tiles(m, n, t)
     g = sp.clusters
     dp_waves = (ctiles - sp.sk_tiles) // g
