@@ -60,6 +60,22 @@ def expected_pattern(seed: int, src: int, dst: int, count: int) -> np.ndarray:
     return h
 
 
+def _fill_peers(g: Group, buf, slot_words: int, seed: int, stream, grid: int) -> None:
+    """Queue selftest_fill_kernel: this rank's pattern into its slot of every peer's copy of buf."""
+    _kernel(g, "selftest_fill_kernel").launch(
+        (grid, 1, 1), (256 if grid > 1 else 64, 1, 1),
+        (np.uint64(buf.peer_table_ptr), np.uint32(slot_words), np.int32(g.rank), np.int32(g.world), np.uint32(seed)),
+        stream=stream)
+
+
+def _received_mismatches(g: Group, buf, slot_words: int, seed: int) -> int:
+    """Words of this rank's copy of buf that differ from what every rank should have written."""
+    import cupy
+
+    got = cupy.asnumpy(buf.view("uint32")).reshape(g.world, slot_words)
+    return sum(int(np.count_nonzero(got[src] != expected_pattern(seed, src, g.rank, slot_words))) for src in range(g.world))
+
+
 def check_symmetric(g: Group, nbytes_per_rank: int = 1 << 20) -> Check:
     """Every rank writes a distinct pattern into its slot of every peer's buffer through the
     peer table; each rank checks all it received (host-side numpy reference)."""
@@ -75,15 +91,11 @@ def check_symmetric(g: Group, nbytes_per_rank: int = 1 << 20) -> Check:
             g._mpi.Barrier()  # every poison landed before any peer writes
             stream = cupy.cuda.Stream(non_blocking=True)
             t0 = time.perf_counter()
-            _kernel(g, "selftest_fill_kernel").launch(
-                (64, 1, 1), (256, 1, 1),
-                (np.uint64(buf.peer_table_ptr), np.uint32(slot_words), np.int32(g.rank), np.int32(g.world), np.uint32(seed)),
-                stream=stream)
+            _fill_peers(g, buf, slot_words, seed, stream, grid=64)
             g.barrier(stream)
             g.synchronize(stream)
             dt = time.perf_counter() - t0
-            got = cupy.asnumpy(buf.view("uint32")).reshape(g.world, slot_words)
-        bad = sum(int(np.count_nonzero(got[src] != expected_pattern(seed, src, g.rank, slot_words))) for src in range(g.world))
+            bad = _received_mismatches(g, buf, slot_words, seed)
         # the peer table itself must list every mapping, own pointer at own rank
         table = cupy.asnumpy(buf.peer_ptrs_dev).tolist()
         table_ok = table == buf.peer_ptrs and buf.peer_ptrs[g.rank] == buf.ptr
@@ -116,15 +128,10 @@ def check_small_symmetric(g: Group, count: int = 8, slot_words: int = 16) -> Che
             g._mpi.Barrier()  # every poison landed before any peer writes
             stream = cupy.cuda.Stream(non_blocking=True)
             for b, seed in zip(bufs, seeds):
-                _kernel(g, "selftest_fill_kernel").launch(
-                    (1, 1, 1), (64, 1, 1),
-                    (np.uint64(b.peer_table_ptr), np.uint32(slot_words), np.int32(g.rank), np.int32(g.world), np.uint32(seed)),
-                    stream=stream)
+                _fill_peers(g, b, slot_words, seed, stream, grid=1)
             g.barrier(stream)
             g.synchronize(stream)
-            for b, seed in zip(bufs, seeds):
-                got = cupy.asnumpy(b.view("uint32")).reshape(g.world, slot_words)
-                bad += sum(int(np.count_nonzero(got[src] != expected_pattern(seed, src, g.rank, slot_words))) for src in range(g.world))
+            bad = sum(_received_mismatches(g, b, slot_words, seed) for b, seed in zip(bufs, seeds))
     finally:
         for b in reversed(bufs):
             g.free_symmetric(b)
