@@ -67,24 +67,23 @@ RAWFLUX_DEVICE void trace_stamp(int slot) {
 #endif
 }
 
-// The timer's low 32 bits: enough for a wait (it wraps every 4.3 s), and one register in the
-// consumers' main loop instead of two.
-RAWFLUX_DEVICE u32 trace_now32() {
+// A 32-bit special register: the global timer's low bits (ns; enough for a wait, it wraps every
+// 4.3 s, and one register in the consumers' main loop instead of two), or (kCycles) the SM's cycle
+// counter (per-tile phases, finer than the global timer's steps).
+template <bool kCycles>
+RAWFLUX_DEVICE u32 trace_read32() {
   u32 t = 0;
 #if RAWFLUX_TRACE
-  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+  if constexpr (kCycles) {
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t));
+  } else {
+    asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+  }
 #endif
   return t;
 }
-
-// The SM's cycle counter's low 32 bits: per-tile phases, finer than the global timer's steps.
-RAWFLUX_DEVICE u32 trace_clock32() {
-  u32 t = 0;
-#if RAWFLUX_TRACE
-  asm volatile("mov.u32 %0, %%clock;" : "=r"(t));
-#endif
-  return t;
-}
+RAWFLUX_DEVICE u32 trace_now32() { return trace_read32<false>(); }
+RAWFLUX_DEVICE u32 trace_clock32() { return trace_read32<true>(); }
 
 // Adds the cycles since `since` (a trace_clock32() value) to a sum slot, and (count) one to kTraceTiles.
 RAWFLUX_DEVICE void trace_add_cycles(int slot, u32 since, bool count) {
