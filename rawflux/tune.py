@@ -333,15 +333,23 @@ PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25}
 DRAM_SM_OVERLAP = 0.2
 # What a row of A past m costs the pull, against a loaded row: the TMA unit zero-fills it, and that
 # is slower than loading (128x128 at m = 192, 8192x8192: >= 64 us, against 49 us at m = 256). Only
-# in a ragged last tile row: a problem smaller than one A box loads m rows (ops.gemm.a_box_rows).
+# in a ragged last tile row: a problem smaller than one A box loads m rows (a_box_rows).
 OOB_FILL_COST = 1.5
+
+
+def a_box_rows(t: TileConfig, m: int) -> int:
+    """Rows of A's TMA box (GemmParams::a_box_rows, ops.gemm): the tile's slice, or m rounded up to
+    8 when m is smaller. Rows past m would be zero-filled by the TMA unit, which costs more than
+    loading them (session 13: 64x128 at m = 1, 8192x8192 ran 27 % slower than at m = 64); their
+    results are never stored, so the stage's stale rows may stand in."""
+    return min(t.bm // t.cluster_n, _cdiv(m, 8) * 8)
 
 
 def _a_pull_rows(m: int, t: TileConfig) -> float:
     """Rows of A one CTA's box pulls per k block, in loaded-row units, for the slowest tile row."""
     box = t.bm // t.cluster_n
     if m < box:
-        return float(_cdiv(m, 8) * 8)
+        return float(a_box_rows(t, m))
     tail = m - (_cdiv(m, t.bm) - 1) * t.bm  # valid rows of the last tile row
     oob = max(0, box - tail) if tail < t.bm else 0
     return box - oob + OOB_FILL_COST * oob

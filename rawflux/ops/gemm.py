@@ -349,13 +349,9 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     )
 
 
-def a_box_rows(t: TileConfig, m: int) -> int:
-    """Rows of A's TMA box (GemmParams::a_box_rows): the tile's slice, or m rounded up to 8 when m
-    is smaller. Rows past m would be zero-filled by the TMA unit, which costs more than loading them
-    (session 13: 64x128 at m = 1, 8192x8192 ran 27 % slower than at m = 64); their results are
-    never stored, so the stage's stale rows may stand in."""
-    rows = t.bm // t.cluster_n
-    return min(rows, -(-m // 8) * 8)
+# Rows of A's TMA box (GemmParams::a_box_rows; the rule lives in tune, whose time model charges it).
+# A module attribute, looked up at each plan: tests swap it for the full box.
+a_box_rows = tune.a_box_rows
 
 
 def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
