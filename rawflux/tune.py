@@ -337,6 +337,11 @@ DRAM_SM_OVERLAP = 0.2
 OOB_FILL_COST = 1.5
 
 
+def _pull_rate(t: TileConfig, dev: DeviceInfo) -> float:
+    """Bytes per second one SM pulls for tile t (sm_pull_bytes_per_s, scaled by PULL_SCALE)."""
+    return dev.sm_pull_bytes_per_s * PULL_SCALE.get((t.bm, t.bn), 1.0)
+
+
 def a_box_rows(t: TileConfig, m: int) -> int:
     """Rows of A's TMA box (GemmParams::a_box_rows, ops.gemm): the tile's slice, or m rounded up to
     8 when m is smaller. Rows past m would be zero-filled by the TMA unit, which costs more than
@@ -377,8 +382,7 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     unit_flops = 2.0 * t.bm * t.bn * BK * per
     # Bytes one CTA pulls per unit (multicast slices count once per cluster).
     unit_bytes = (_a_pull_rows(m, t) + t.bn / t.cluster_m) * BK * 2.0 * per
-    pull = dev.sm_pull_bytes_per_s * PULL_SCALE.get((t.bm, t.bn), 1.0)
-    t_unit = max(unit_flops / rate, unit_bytes / pull) + 2e-6  # + fill, epilogue
+    t_unit = max(unit_flops / rate, unit_bytes / _pull_rate(t, dev)) + 2e-6  # + fill, epilogue
     if splits > 1:
         # Split-K fix-up, after the unit's main loop and not overlapped with it: the fp32 partial
         # written, and (by the last split) every split's partial read back.
@@ -410,7 +414,7 @@ def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, ou
     rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)
     kb_flops = 2.0 * t.bm * t.bn * BK
     kb_bytes = (t.bm / t.cluster_n + t.bn / t.cluster_m) * BK * 2.0
-    t_kb = max(kb_flops / rate, kb_bytes / (dev.sm_pull_bytes_per_s * PULL_SCALE.get((t.bm, t.bn), 1.0)))
+    t_kb = max(kb_flops / rate, kb_bytes / _pull_rate(t, dev))
     ctiles = cluster_tiles(m, n, t)
     g = sp.clusters
     dp_waves = (ctiles - sp.sk_tiles) // g
