@@ -413,6 +413,12 @@ class GemmRS(CollectiveOp):
         lda = ta.strides[0] if m > 1 else k
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         p = self.plan(m)
+        if world > 1:
+            # The GEMM's kernel compiled and loaded before this rank issues anything: a compile
+            # after the barrier would hold every peer's flag wait for as long (a 10 s timeout in
+            # session 13's loop of 1000 calls, whose m sweeps through several tiles).
+            gplan = _gemm._plan(p.cfg, m, n, k, dt, self.b_layout, PARTIALS[self.partials][2], s, dev, KERNEL_FILE,
+                                _gemm.FUSED_SCHED, "rawflux::NoWait", scatter_epilogue(self.partials), world, p.seg_start)
         self.begin(s, p.fields)
         if world == 1:
             self._local_gemm(ta, tb, tc, bias_ptr, bias_kind, lda, ldb, s)
@@ -427,11 +433,7 @@ class GemmRS(CollectiveOp):
         # streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, few connections
         # under MPS), and a waiter queued first would hold its producer back. The GEMM leaves R
         # SMs free, so where the queues are separate the reducer runs beside it.
-        _gemm.launch_gemm(
-            p.cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=dt, b_layout=self.b_layout,
-            out_dtype=PARTIALS[self.partials][2], epilogue_params=p.epi_params, stream=s, device_id=dev, lda=lda, ldb=ldb,
-            relpath=KERNEL_FILE, epilogue=scatter_epilogue(self.partials), seg_count=world, seg_start=p.seg_start,
-        )
+        _gemm._launch_plan(gplan, ta.ptr, tb.ptr, lda, ldb, s, _gemm.NOWAIT_PARAMS, p.epi_params)
         _launch_reduce(self._reduce_kernel, p.reduce_grid, side, rparams)
         # Once the GEMM is done its SMs are free: the same kernel on every SM takes the units the
         # side reducer has not claimed yet (the own rows come last, so usually most of them).

@@ -368,7 +368,8 @@ def test_store_rows_f32_exchange(wn):
 def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monkeypatch):
     """Streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1; MPS): a reduce kernel
     queued before the GEMM whose flags it spins on would hold that GEMM back until it times out
-    (seen on the emulated node, 2026-11-29). The GEMM must be issued first."""
+    (seen on the emulated node, 2026-11-29). The GEMM must be issued first, and its kernel
+    resolved before the call issues anything."""
     from rawflux.ops import _collective as C
     from rawflux.ops import gemm_rs as R
     from tests.cpu.test_ag_gemm_cpu import BASE, FakeCAI, _Group, _Kernel
@@ -380,7 +381,9 @@ def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monke
             log.append(("kernel", self.name.split("::")[-1].split("<")[0], stream))
 
     monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _ExKernel(name, log))
-    monkeypatch.setattr(R._gemm, "launch_gemm", lambda *a, **kw: log.append(("gemm", kw["stream"])))
+    plan = object()
+    monkeypatch.setattr(R._gemm, "_plan", lambda *a, **kw: log.append(("plan",)) or plan)
+    monkeypatch.setattr(R._gemm, "_launch_plan", lambda p, a, b, lda, ldb, stream, pro, epi: log.append(("gemm", stream, p)))
     monkeypatch.setattr(R, "_launch_reduce", lambda kernel, grid, stream, params: log.append(("reduce", stream, grid)))
     rank, world, m, n, k = 1, 4, 512, 256, 128
     monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
@@ -396,6 +399,10 @@ def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monke
     assert log[gemm_at][1] == main and len(reduces) == 2
     assert gemm_at < min(reduces), log  # the producer first
     assert kinds.index("barrier") < gemm_at  # buffers are free: every peer finished the last call
+    assert log[gemm_at][2] is plan
+    # The GEMM's kernel is resolved (compiled, loaded) before anything is issued: a compile after
+    # the barrier would hold the peers' flag waits (session 13's loop1000 timeout).
+    assert kinds.index("plan") < min(i for i, kd in enumerate(kinds) if kd != "plan")
     side = [e for e in log if e[0] == "reduce" and e[1] != main]
     assert len(side) == 1  # one reducer beside the GEMM, one after it on the caller's stream
 
