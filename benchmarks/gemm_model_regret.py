@@ -25,7 +25,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_DATA = [
     RESULTS / "gemm-variants-2026-11-29-s12" / f for f in
     ("r3-sweep-small-m.json", "r4-sweep-large-m.json", "r5-sweep-m64-128-a.json", "r5-sweep-m64-128-b.json")
-] + [RESULTS / "gemm-variants-2026-11-30-s13" / f for f in ("r1-0005-moved-picks.json", "r6-refit-moved-picks.json")]
+] + [RESULTS / "gemm-variants-2026-11-30-s13" / f for f in ("r1-0005-moved-picks.json", "r6-refit-moved-picks.json")] + [
+    RESULTS / "gemm-variants-2026-11-30-s14" / f for f in ("r1-sweep-64x96-a.json", "r1-sweep-64x96-b.json", "r2-moved-picks.json")]
 
 
 def _canon(tag: str) -> str:

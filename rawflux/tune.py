@@ -160,6 +160,11 @@ TILES: dict[TileConfig, float] = {
     # 128x192 2x1, ran 120 us). Its pull rate is PULL_SCALE's.
     _tile(64, 256): 1.00,
     _tile(64, 128): 0.62,
+    # 64x96 (session 14): at m <= 64 more CTAs stream B than with 64x128 (n = 12288: 128 tiles, not
+    # 96 with 36 SMs idle): m = 64, 12288x6144 42.0 us against 45.2 (cuBLAS 42.7). Each CTA pulls
+    # slower than 64x128's (PULL_SCALE), so where 64x128 already fills the SMs or 64x96's last tile
+    # column is ragged (8192x8192) it loses. Rate as 64x128's (the sweep could not tell them apart).
+    _tile(64, 96): 0.62,
     # 128 x 320: two m64n160 wgmma per k16 step per warpgroup (the tile cuBLAS picks for large
     # problems, 2026-11-29 ncu): 7 % more MACs per byte staged than 128 x 256, but wider column
     # tiles quantize worse, and no shared memory is left for TmaStore's staging; since session 5
@@ -223,7 +228,9 @@ class DeviceInfo:
 
     @property
     def fixup_bytes_per_s(self) -> float:
-        return 16e9  # one SM's split-K partial traffic (fit to the sweeps of 2026-11-29 session 5)
+        # one SM's split-K partial traffic (fit to the sweeps of 2026-11-29 session 5; 16 GB/s until
+        # session 14's refit)
+        return 20e9
 
     @property
     def dram_bytes_per_s(self) -> float:
@@ -326,15 +333,21 @@ def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
 # session 12's sweeps (r3-r5) and session 13's A/B of moved picks, by the regret of the pick.
 #
 # A tile's pull rate relative to sm_pull_bytes_per_s: 64x256 moves 5.2 MB per CTA in 50 us at m = 192,
-# 8192x8192 (~100 GB/s; its 40 KB stages keep more bytes in flight per TMA issue).
-PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25}
+# 8192x8192 (~100 GB/s; its 40 KB stages keep more bytes in flight per TMA issue). 64x96's 20 KB
+# stages keep fewer: ~50 GB/s per CTA where 64x128 pulls ~60 (m = 1-64, 6144x12288, session 14).
+# Session 14 refit PULL_SCALE (64x96), DRAM_SM_OVERLAP (0.2 before), B_OOB_FILL_COST and the
+# fix-up rate on its sweeps and A/B (docs/gemm-notes.md, session 14).
+PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25, (64, 96): 0.85}
 # The part of a wave's shorter bound (SM time or DRAM time) that adds to its longer one: with 0 the
 # configs at the DRAM floor tie and the pick among them is arbitrary.
-DRAM_SM_OVERLAP = 0.2
+DRAM_SM_OVERLAP = 0.3
 # What a row of A past m costs the pull, against a loaded row: the TMA unit zero-fills it, and that
 # is slower than loading (128x128 at m = 192, 8192x8192: >= 64 us, against 49 us at m = 256). Only
 # in a ragged last tile row: a problem smaller than one A box loads m rows (a_box_rows).
 OOB_FILL_COST = 1.5
+# The same for B's rows past n in the last tile column (its box is never cut). Fit lower than A's:
+# 1.5 moved m = 640 picks off 128x192 (28672 = 149.3 x 192) to tiles measured 8-16 % slower.
+B_OOB_FILL_COST = 1.1
 
 
 def _pull_rate(t: TileConfig, dev: DeviceInfo) -> float:
@@ -360,6 +373,18 @@ def _a_pull_rows(m: int, t: TileConfig) -> float:
     return box - oob + OOB_FILL_COST * oob
 
 
+def _b_pull_rows(n: int, t: TileConfig) -> float:
+    """Rows of B one CTA's box pulls per k block, in loaded-row units, for the slowest CTA of the
+    last tile column: B's box is not cut, so the rows past n there are zero-filled."""
+    box = t.bn // t.cluster_m  # each CTA of an m-cluster loads one slice and multicasts it
+    tail = n - (_cdiv(n, t.bn) - 1) * t.bn  # valid rows of the last tile column
+    worst = 0.0
+    for j in range(t.cluster_m):
+        valid = min(box, max(0, tail - j * box))
+        worst = max(worst, valid + B_OOB_FILL_COST * (box - valid))
+    return worst
+
+
 def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
     """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
     bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
@@ -381,7 +406,7 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     rate = dev.tflops_per_sm * 1e12 * TILES.get(t, 0.6)  # flop/s of one SM in the mainloop
     unit_flops = 2.0 * t.bm * t.bn * BK * per
     # Bytes one CTA pulls per unit (multicast slices count once per cluster).
-    unit_bytes = (_a_pull_rows(m, t) + t.bn / t.cluster_m) * BK * 2.0 * per
+    unit_bytes = (_a_pull_rows(m, t) + _b_pull_rows(n, t)) * BK * 2.0 * per
     t_unit = max(unit_flops / rate, unit_bytes / _pull_rate(t, dev)) + 2e-6  # + fill, epilogue
     if splits > 1:
         # Split-K fix-up, after the unit's main loop and not overlapped with it: the fp32 partial
