@@ -103,11 +103,20 @@ def _scratch_offset(tile: TileConfig) -> int:
     return tile.stages * (tile.bm + tile.bn) * tune.BK * 2 + 1024  # kScratchOffset in policies.cuh
 
 
+def _dyn_sched() -> bool:
+    """RAWFLUX_NVRTC_DEFINES="RAWFLUX_DYN_SCHED=1": the plain GEMM's dynamic tile order (development)."""
+    return env.nvrtc_define_int("RAWFLUX_DYN_SCHED", 0) != 0
+
+
 def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
     """Dynamic shared memory of a launch: the tile's, or with scratch, the ring and barriers up to the
-    scratch offset, the scratch and the alignment slack."""
+    scratch offset, the scratch and the alignment slack. RAWFLUX_DYN_SCHED adds the ticket ring and
+    its barriers after the k-split pair's (inside the 1024 bytes before the scratch)."""
     scratch = epilogue_scratch_bytes(tile, epilogue, out_dtype)
-    return tile.smem_bytes if scratch == 0 else 1024 + _scratch_offset(tile) + scratch
+    if scratch:
+        return 1024 + _scratch_offset(tile) + scratch
+    extra = (16 + 12 * (tile.stages + 1) + 15) // 16 * 16 if _dyn_sched() and tile.cluster_k == 1 and tile.stream_k_ok else 0
+    return tile.smem_bytes + extra
 
 
 def local_store_params(c_ptr: int, ldc: int, bias_ptr: int = 0, bias_kind: int = BIAS_NONE) -> bytes:
@@ -417,6 +426,9 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         splits, slots = sp.max_pieces, sp.sk_tiles * t.cluster_size  # stream-K: per CTA tile of the stream-K tiles
     if splits > 1:
         ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, slots * t.consumers)
+    elif _dyn_sched() and sched == PLAIN_SCHED and not cfg.stream_k and t.cluster_k == 1 and t.stream_k_ok:
+        # RAWFLUX_DYN_SCHED (development): the ticket counter and the done count, zero between launches
+        _, ctr = _workspace(device_id, stream, 0, 2)
     params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=info.sms)
     name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
     kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")

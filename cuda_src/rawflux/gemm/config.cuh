@@ -104,6 +104,18 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //   8: TmaStore skips its TMA stores (the staging writes still run).
 constexpr int kProbe = RAWFLUX_PROBE;
 
+#ifndef RAWFLUX_DYN_SCHED
+#define RAWFLUX_DYN_SCHED 0
+#endif
+// 1 (development; docs/gemm-notes.md, session 14): the plain GEMM's data-parallel tiles are
+// handed out at run time. Each cluster takes its first tile by its id, then the next from a global
+// ticket counter (GemmParams::counters[0]) as it finishes one, so a slow CTA takes fewer tiles
+// instead of ending the launch late. The cluster leader's producer draws the ticket and hands it
+// to the peer CTA's producer; each producer hands it to its consumers through a ticket ring in
+// shared memory, read after the full barrier of the tile's first stage. The last cluster out
+// resets the counters to zero.
+constexpr bool kDynSched = RAWFLUX_DYN_SCHED != 0;
+
 #ifndef RAWFLUX_TRACE
 #define RAWFLUX_TRACE 0
 #endif

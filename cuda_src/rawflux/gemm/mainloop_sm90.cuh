@@ -189,6 +189,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
   u64* empty = full + kStages;
   u64* ksplit_bar = empty + kStages;  // k-split cluster only: ring_free, xfer_full (ksplit_exchange)
+  // Dynamic tile order only (kDynSched): the ticket ring, kIdSlots deep, and its hand-over barriers
+  // (peer CTAs wait there for the leader's ticket). kIdSlots = kStages + 1: the leader's producer
+  // reuses a slot only after the consumers of both CTAs released a stage of a later tile, so every
+  // reader of the slot's previous ticket has read it.
+  constexpr bool kDyn = SchedT::kDynamic;
+  constexpr u32 kIdSlots = kStages + 1;
+  u64* id_full = ksplit_bar + 2;  // then the ring: u32 ids[kIdSlots]
 
   // Special registers are read again inside each role, after setmaxnreg: a value live across the
   // register-count change would be spilled.
@@ -209,6 +216,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kClusterK > 1) {
       ptx::mbar_init(&ksplit_bar[0], Cfg::kConsumers * 128);  // ring_free: the partner's consumer threads
       ptx::mbar_init(&ksplit_bar[1], 128);                    // xfer_full: the partner's sending warpgroup
+    }
+    if constexpr (kDyn) {
+#pragma unroll
+      for (u32 s = 0; s < kIdSlots; ++s) ptx::mbar_init(&id_full[s], 1);  // the leader producer's hand-over
     }
     ptx::fence_mbar_init();
   }
@@ -235,13 +246,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       SchedT sched(p, cluster_id, (i32)cta_rank);
       WorkTile w;
       u32 stage = 0, phase = 0;
+      // Dynamic order: on when the host passes the ticket counters to a data-parallel launch.
+      const bool dyn = kDyn && p.splits == 1 && p.sk_tiles == 0 && p.counters != 0;
+      u32 tickets = 0;  // tiles begun: the ticket ring's cursor
+      // The next tile: the static order's, or (dyn) the ticket the cluster leader draws.
+      auto fetch = [&]() -> bool {
+        if constexpr (kDyn) {
+          if (dyn) {
+            const u32 slot = tickets % kIdSlots;
+            u64* id_full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes) + 2 * kStages + 2;
+            u32* ids = reinterpret_cast<u32*>(id_full + kIdSlots);
+            i32 u;
+            if (cta_rank == 0) {
+              u = tickets == 0 ? cluster_id : SchedT::stride() + (i32)atomicAdd(reinterpret_cast<u32*>(p.counters), 1u);
+#pragma unroll
+              for (u32 r = 1; r < (u32)Cfg::kClusterSize; ++r) {
+                ptx::st_cluster_u32(ptx::mapa_shared(ptx::smem_u32(&ids[slot]), r), (u32)u);
+                ptx::mbar_arrive_release_cluster(&id_full[slot], r);  // release.cluster: the ticket stored in CTA r before its producer reads it
+              }
+              *reinterpret_cast<volatile u32*>(&ids[slot]) = (u32)u;  // read by this CTA's consumers after the full barrier of the tile's first stage (its arrive releases)
+            } else {
+              ptx::mbar_wait_acquire_cluster(&id_full[slot], (tickets / kIdSlots) & 1u, p.timeout_ns);  // acquire.cluster: the leader's ticket store
+              u = (i32)ptx::ld_shared_u32(ptx::smem_u32(&ids[slot]));
+            }
+            ++tickets;
+            sched.unit = u;
+          }
+        }
+        return sched.next(p, w);
+      };
       // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
       const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
       const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
       // Bytes a stage receives: A's box may be shorter than kBoxARows (GemmParams::a_box_rows).
       const u32 stage_tx = p.a_box_rows > 0 ? (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - p.a_box_rows) * Cfg::kClusterN * Cfg::kRowBytes)
                                             : (u32)Cfg::kStageBytes;
-      while (sched.next(p, w)) {
+      while (kDyn ? fetch() : sched.next(p, w)) {
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
@@ -292,6 +332,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
         }
       }
+      if constexpr (kDyn) {
+        if (dyn) {
+          // The consumers learn of the end from the ticket past the last tile: a stage marked full
+          // with no data carries it (their wait on it is the tile's first).
+          ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          ptx::mbar_arrive(&full[stage]);  // release.cta: the end ticket stored before the consumers read it
+          if (cta_rank == 0) {
+            u32* counters = reinterpret_cast<u32*>(p.counters);
+            __threadfence();  // this cluster's ticket draws before its count of leaders done
+            if (atomicAdd(&counters[1], 1u) == (u32)SchedT::stride() - 1u) {
+              __threadfence();  // every leader's draws (seen through the done count) before the reset
+              counters[0] = 0u;
+              counters[1] = 0u;  // zero for the next launch on this stream (kernel boundary orders it)
+            }
+          }
+        }
+      }
     }
     __syncwarp();
   } else {
@@ -307,6 +364,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     SchedT sched(p, cluster_id, (i32)cta_rank);
     WorkTile w;
     u32 stage = 0, phase = 0;
+    u32 tickets = 0;
+    // The next tile: the static order's, or (dynamic order) the ticket in the ring, read once the
+    // tile's first stage is full (the kblock's own wait on that stage then returns at once). The
+    // switch and the ring's address are recomputed from the params each time: no register lives
+    // across the k loop for them (the 128x320 tile's accumulators leave none).
+    auto fetch = [&]() -> bool {
+      if constexpr (kDyn) {
+        if (p.splits == 1 && p.sk_tiles == 0 && p.counters != 0) {
+          const u32 ring = ptx::smem_u32(smem_a) + kStages * Cfg::kStageBytes + 8u * (2 * kStages + 2 + kIdSlots);
+          ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // acquire.cta: the producer's ticket store before its arrive
+          sched.unit = (i32)ptx::ld_shared_u32(ring + 4u * (tickets % kIdSlots));
+          ++tickets;
+        }
+      }
+      return sched.next(p, w);
+    };
     u32 ksplit_tiles = 0;  // k-split cluster: tiles this CTA took (one at most)
     float acc[Cfg::kAccRegs];
 #pragma unroll
@@ -404,7 +477,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Per-tile phase sums (RAWFLUX_TRACE): a register across the k loop, so only where the
     // accumulators leave room.
     constexpr bool kTracePhases = kTrace && Cfg::kAccRegs <= 128;
-    while (sched.next(p, w)) {
+    while (kDyn ? fetch() : sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
       const u32 tile_from = kTracePhases ? trace_clock32() : 0u;

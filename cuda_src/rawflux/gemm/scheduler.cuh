@@ -37,6 +37,10 @@ struct TileSchedT {
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
   // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K (tune.py).
   static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1 && Cfg::kClusterK == 1;
+  // The dynamic tile order (kDynSched) serves the plain GEMM only: the fused ops' tile order is
+  // their protocol (chunk arrival, row rotation) and a k-split cluster takes one tile. Not for the
+  // 128 x 320 tile either: with the ticket fetch in its tile loop ptxas spilled ~4 KB.
+  static constexpr bool kDynamic = kDynSched && kStreamKPolicy && Cfg::kClusterK == 1 && Cfg::kWgmmaChunks == 1;
 
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
   // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
