@@ -53,7 +53,7 @@ for stage in "$@"; do
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
         log pytest-mpi world $n ${REAL:+one rank per GPU}
-        timeout 300 python3 -m rawflux.launch $(ranks $n) -m pytest -q -rf --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|error|Error" | sort | uniq -c | head -20 || rc=1
+        timeout 300 python3 -m rawflux.launch $(ranks $n) -m pytest -q -rf --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|FAILED|error|Error" | sort | uniq -c | head -20 || rc=1
       done ;;
     bench)
       # BENCH_WORLD: one or more world sizes ("2 4 8"), each on the emulated node (REAL: GPUs)
