@@ -103,9 +103,10 @@ def _scratch_offset(tile: TileConfig) -> int:
     return tile.stages * (tile.bm + tile.bn) * tune.BK * 2 + 1024  # kScratchOffset in policies.cuh
 
 
-def _dyn_sched() -> bool:
-    """RAWFLUX_NVRTC_DEFINES="RAWFLUX_DYN_SCHED=1": the plain GEMM's dynamic tile order (development)."""
-    return env.nvrtc_define_int("RAWFLUX_DYN_SCHED", 0) != 0
+def _dyn_order(tile: TileConfig) -> bool:
+    """RAWFLUX_NVRTC_DEFINES="RAWFLUX_DYN_SCHED=1" (development): the plain GEMM's dynamic tile
+    order, for the tiles the kernel compiles it into (TileSchedT::kDynamic)."""
+    return env.nvrtc_define_int("RAWFLUX_DYN_SCHED", 0) != 0 and tile.cluster_k == 1 and tile.stream_k_ok
 
 
 def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
@@ -115,7 +116,7 @@ def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
     scratch = epilogue_scratch_bytes(tile, epilogue, out_dtype)
     if scratch:
         return 1024 + _scratch_offset(tile) + scratch
-    extra = (16 + 12 * (tile.stages + 1) + 15) // 16 * 16 if _dyn_sched() and tile.cluster_k == 1 and tile.stream_k_ok else 0
+    extra = (16 + 12 * (tile.stages + 1) + 15) // 16 * 16 if _dyn_order(tile) else 0
     return tile.smem_bytes + extra
 
 
@@ -426,7 +427,7 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         splits, slots = sp.max_pieces, sp.sk_tiles * t.cluster_size  # stream-K: per CTA tile of the stream-K tiles
     if splits > 1:
         ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, slots * t.consumers)
-    elif _dyn_sched() and sched == PLAIN_SCHED and not cfg.stream_k and t.cluster_k == 1 and t.stream_k_ok:
+    elif sched == PLAIN_SCHED and not cfg.stream_k and _dyn_order(t):
         # RAWFLUX_DYN_SCHED (development): the ticket counter and the done count, zero between launches
         _, ctr = _workspace(device_id, stream, 0, 2)
     params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=info.sms)
