@@ -104,6 +104,33 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //   8: TmaStore skips its TMA stores (the staging writes still run).
 constexpr int kProbe = RAWFLUX_PROBE;
 
+#ifndef RAWFLUX_EPI_DEFER
+#define RAWFLUX_EPI_DEFER 0
+#endif
+// The box-wise epilogue (development; docs/gemm-notes.md, session 15), for the plain GEMM's 16-bit
+// C (TmaStore) on tiles of at most 128 accumulators per thread: each consumer warpgroup's fragment
+// is stored as 64-column boxes, each either staged in shared memory for a TMA store (as TmaStore)
+// or stored from registers with 16-byte global stores (the last kEpiDirectBoxes), and the last
+// kEpiDeferBoxes boxes are deferred: packed to 16 bits in registers (16 per box), they are stored
+// while the next tile's first k blocks run on the tensor pipe (between a k block's wgmma issue and
+// its wait) instead of with the pipe idle; the last tile's after the loop. 1: on; 0: off (the
+// kernels are the ones without it). The held boxes live beside the accumulators in those k
+// blocks: 128x256 (128 accumulators) has room for one (ptxas spills with two).
+constexpr bool kEpiDefer = RAWFLUX_EPI_DEFER != 0;
+#ifndef RAWFLUX_EPI_DEFER_BOXES
+#define RAWFLUX_EPI_DEFER_BOXES 1
+#endif
+constexpr int kEpiDeferBoxes = RAWFLUX_EPI_DEFER_BOXES;
+#ifndef RAWFLUX_EPI_DIRECT_BOXES
+#define RAWFLUX_EPI_DIRECT_BOXES 0
+#endif
+constexpr int kEpiDirectBoxes = RAWFLUX_EPI_DIRECT_BOXES;
+#ifndef RAWFLUX_EPI_DEFER_SPAN
+#define RAWFLUX_EPI_DEFER_SPAN 2
+#endif
+// k blocks of the next tile the deferred boxes are spread over (equal runs, one per k block).
+constexpr int kEpiDeferSpan = RAWFLUX_EPI_DEFER_SPAN;
+
 #ifndef RAWFLUX_DYN_SCHED
 #define RAWFLUX_DYN_SCHED 0
 #endif

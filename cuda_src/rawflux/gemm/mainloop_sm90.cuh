@@ -477,6 +477,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Per-tile phase sums (RAWFLUX_TRACE): a register across the k loop, so only where the
     // accumulators leave room.
     constexpr bool kTracePhases = kTrace && Cfg::kAccRegs <= 128;
+    // Box-wise epilogue (kEpiDefer, config.cuh): the last kDeferBoxes boxes of the previous tile's
+    // fragment, packed to 16 bits, wait in `held` and are stored between the wgmma issue and wait
+    // of this tile's first kDeferSpan k blocks (kDeferRun boxes each), while the tensor pipe runs.
+    constexpr bool kBoxwise = DeferTraits<Epilogue, Cfg>::kMode != 0;
+    constexpr int kBoxes = Cfg::kWN / 64;
+    constexpr int kDeferBoxes = kBoxwise ? TmaStore::defer_boxes<Cfg>() : 0;
+    constexpr int kNowBoxes = kBoxes - kDeferBoxes;  // stored at the tile's end
+    constexpr bool kDefer = kDeferBoxes > 0;
+    constexpr int kDeferSpan = kEpiDeferSpan < 1 ? 1 : (kEpiDeferSpan < kDeferBoxes ? kEpiDeferSpan : (kDefer ? kDeferBoxes : 1));
+    constexpr int kDeferRun = (kDeferBoxes + kDeferSpan - 1) / kDeferSpan;
+    u32 held[kDefer ? kDeferBoxes : 1][16];
+    bool pending = false;              // held carries boxes not yet stored
+    i32 held_row0 = 0, held_col0 = 0;  // their fragment's origin in C
+    // Run r (< kDeferSpan) of the held boxes.
+    auto store_held_run = [&](auto run) {
+      if constexpr (kDefer) {
+        constexpr int r = decltype(run)::value;
+        constexpr int kEnd = (r + 1) * kDeferRun < kDeferBoxes ? (r + 1) * kDeferRun : kDeferBoxes;
+        static_for<r * kDeferRun, kEnd>([&](auto j) {
+          constexpr int b = decltype(j)::value;
+          Epilogue::template store_box<Cfg, kNowBoxes + b>(epi, p, held[b], held_row0, held_col0, tid, consumer,
+                                                            ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
+        });
+      }
+    };
     while (kDyn ? fetch() : sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
@@ -486,9 +511,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
         trace_stamp(kTraceFirstData);
       }
-      // One k block on stage st (parity ph): wait for its data, issue its wgmma group, then (kWait0)
-      // wait for the group and release the stage.
-      auto kblock = [&](u32 st, u32 ph, i32 i) {
+      // One k block on stage st (parity ph): wait for its data, issue its wgmma group, run `hook`
+      // (deferred stores) while the group runs, then (kWait0) wait for the group and release the stage.
+      auto kblock = [&](u32 st, u32 ph, i32 i, auto&& hook) {
         // The wait sum costs a register in the k loop: only where the accumulators leave room.
         constexpr bool kTraceWait = kTrace && Cfg::kAccRegs <= 128;
         const u32 wait_from = kTraceWait ? trace_now32() : 0u;
@@ -510,6 +535,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
+        hook();
         if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
           release(st);
@@ -523,26 +549,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       };
       // One k block on the ring's current stage, then on to the next stage (parity flips at the wrap).
-      auto kblock_next = [&](i32 i) {
-        kblock(stage, phase, i);
+      auto kblock_next = [&](i32 i, auto&& hook) {
+        kblock(stage, phase, i, hook);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1u;
         }
       };
+      auto no_hook = [] {};
       i32 i = 0;
+      if constexpr (kDefer) {
+        // The previous tile's boxes, run r during k block r (those past a short tile's last k block after it).
+        if (pending) {
+          static_for<0, kDeferSpan>([&](auto run) {
+            if (i < nkb) {
+              kblock_next(i, [&] { store_held_run(run); });
+              ++i;
+            } else {
+              store_held_run(run);
+            }
+          });
+          pending = false;
+        }
+      }
       if constexpr ((kLoopAddr & 32) != 0 && kWait0) {
         // RAWFLUX_LOOP_ADDR & 32: whole rounds of the ring with the stage a constant in each copy of
         // the body (its barrier address and descriptors fold into immediates); the generic loop
         // takes the k blocks before the ring's stage 0 comes round and those after the last round.
-        for (; i < nkb && stage != 0; ++i) kblock_next(i);
+        for (; i < nkb && stage != 0; ++i) kblock_next(i, no_hook);
         for (; i + kStages <= nkb; i += kStages) {
 #pragma unroll
-          for (int s = 0; s < kStages; ++s) kblock((u32)s, phase, i + s);
+          for (int s = 0; s < kStages; ++s) kblock((u32)s, phase, i + s, no_hook);
           phase ^= 1u;
         }
       }
-      for (; i < nkb; ++i) kblock_next(i);
+      for (; i < nkb; ++i) kblock_next(i, no_hook);
       if constexpr (!kWait0) {
         ptx::wgmma_wait<0>();
         release(prev_stage);
@@ -566,12 +607,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         do_store = ksplit_exchange<Cfg>(acc, ksplit_bar, ptx::smem_u32(smem_a), cta_rank, consumer, tid, p.timeout_ns) && do_store;
       }
       if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
-      if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
+      if constexpr (kBoxwise) {
+        if (do_store) {
+          Epilogue::template add_bias<Cfg>(epi, p, acc, tc);
+          static_for<0, kNowBoxes>([&](auto j) {
+            u32 v[16];
+            Epilogue::template pack_box<Cfg, decltype(j)::value>(acc, v, tid);
+            Epilogue::template store_box<Cfg, decltype(j)::value>(epi, p, v, tc.row0, tc.col0, tid, consumer, tc.scratch);
+          });
+        }
+        // Packed on every path, stored or not: held is then redefined before each k loop, so it is
+        // dead there (else it lives across the loop on the no-store path and ptxas spills it).
+        static_for<0, kDeferBoxes>([&](auto j) { Epilogue::template pack_box<Cfg, kNowBoxes + decltype(j)::value>(acc, held[decltype(j)::value], tid); });
+        pending = do_store;  // stored during the next tile's first k blocks, or after the loop
+        held_row0 = tc.row0;
+        held_col0 = tc.col0;
+      } else {
+        if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
+      }
       if (kTracePhases && trace_thread(128)) trace_add_cycles(kTraceEpiCycles, epi_from, true);
       if constexpr (Epilogue::kTileBarrier) {
         ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
         Epilogue::template tile_done<Cfg>(epi, p, tc);
       }
+    }
+    if constexpr (kDefer) {
+      if (pending) static_for<0, kDeferSpan>([&](auto run) { store_held_run(run); });  // the last tile's boxes
     }
     Epilogue::template finish<Cfg>(epi, tid);
   }

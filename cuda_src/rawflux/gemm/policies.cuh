@@ -157,12 +157,127 @@ struct TmaStore {
   template <class Cfg>
   static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
 
+  // ---- The box-wise epilogue (kEpiDefer, config.cuh). The gemm kernel adds the bias, then packs
+  // and stores the fragment's 64-column boxes one by one (pack_box, store_box): boxes before
+  // kEpiDirectBoxes from the end are staged for TMA stores as store() does, the others stored from
+  // registers (their packed form then holds each lane's quad-transposed 16-byte blocks); the last
+  // defer_boxes() wait in registers for the next tile's first k blocks.
+  template <class Cfg>
+  static constexpr bool boxwise() {
+    return kEpiDefer && kWait0 && Cfg::kOut != kTypeF32 && Cfg::kWN % 64 == 0 && Cfg::kClusterK == 1 && Cfg::kAccRegs <= 128;
+  }
+  template <class Cfg>
+  static constexpr int defer_boxes() {
+    constexpr int kBoxes = Cfg::kWN / 64;
+    return kEpiDeferBoxes < 0 ? 0 : (kEpiDeferBoxes < kBoxes ? kEpiDeferBoxes : kBoxes);
+  }
+  // Box kBox goes from registers: one of the last kEpiDirectBoxes, or no staging room.
+  template <class Cfg, int kBox>
+  static constexpr bool direct_box() {
+    return bufs<Cfg>() == 0 || kBox >= Cfg::kWN / 64 - kEpiDirectBoxes;
+  }
+  static constexpr int kBoxRegs = 16;  // a 64 x 64 box of 16-bit C over 128 threads: 16 packed pairs each
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void add_bias(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
+    if (ep.bias_kind != epi::kBiasNone) {
+      epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);
+    }
+  }
+
+  // Box kBox (columns 64 kBox .. 64 kBox + 63 of the fragment) of acc, packed to 16 bits. Every
+  // thread of the warpgroup calls it (a direct box's transpose shuffles).
+  template <class Cfg, int kBox>
+  static RAWFLUX_DEVICE void pack_box(const float (&acc)[Cfg::kAccRegs], u32 (&v)[kBoxRegs], u32 tid) {
+    constexpr bool kF16 = Cfg::kOut == kTypeF16;
+    if constexpr (!direct_box<Cfg, kBox>()) {
+#pragma unroll
+      for (int i = 0; i < kBoxRegs; ++i) v[i] = ptx::pack2<kF16>(acc[32 * kBox + 2 * i], acc[32 * kBox + 2 * i + 1]);
+    } else {
+      // Quads g of n8 blocks (32 columns): rows a (v[8g'..8g'+3]) and a + 8 (v[8g'+4..8g'+7]),
+      // transposed so that each lane holds one whole n8 block of each row (epi::store_rows_16).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int g = 2 * kBox + h;
+        u32 va[4], vb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          va[i] = ptx::pack2<kF16>(acc[4 * (4 * g + i) + 0], acc[4 * (4 * g + i) + 1]);
+          vb[i] = ptx::pack2<kF16>(acc[4 * (4 * g + i) + 2], acc[4 * (4 * g + i) + 3]);
+        }
+        epi::quad_transpose(va, tid % 4);
+        epi::quad_transpose(vb, tid % 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[8 * h + i] = va[i];
+          v[8 * h + 4 + i] = vb[i];
+        }
+      }
+    }
+  }
+
+  // Stores packed box kBox of the fragment whose origin is (row0, col0). A staged box: every thread
+  // of the warpgroup calls it (named barrier), in box order (the staging buffers rotate by box).
+  template <class Cfg, int kBox>
+  static RAWFLUX_DEVICE void store_box(const Params& ep, const GemmParams& p, const u32 (&v)[kBoxRegs], i32 row0, i32 col0, u32 tid,
+                                       u32 consumer, u32 scratch) {
+    if constexpr (!direct_box<Cfg, kBox>()) {
+      constexpr int kBufs = bufs<Cfg>();
+      constexpr int kStaged = Cfg::kWN / 64 - kEpiDirectBoxes;
+      static_assert(kStaged % kBufs == 0, "staged box b uses buffer b % kBufs: whole rounds per fragment, so tiles continue the rotation");
+      const u32 bar = kWarpgroupBarrierBase + consumer;
+      const u32 warp = tid / 32, lane = tid % 32;
+      const u32 half = (lane / 8) % 2, next_block = lane / 16;
+      const u32 row = 16 * warp + 8 * half + lane % 8;
+      const u32 box_addr = scratch + consumer * kBufs * kBoxBytes + (u32)((kBox % kBufs) * kBoxBytes);
+      // The store that last read this buffer (kBufs boxes ago) is done reading it: thread 0 issued
+      // it, the barrier tells the others.
+      if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();
+      ptx::named_barrier_sync(bar, 128);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const u32 unit = (u32)(2 * q) + next_block;
+        ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4),  // 128-byte swizzle, as the tensor map
+                         v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+      }
+      ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
+      ptx::named_barrier_sync(bar, 128);
+      if (tid == 0) {
+        ptx::tma_store_2d(&ep.tmap_c, box_addr, col0 + 64 * kBox, row0);
+        ptx::bulk_commit();
+      }
+    } else {
+      const u32 q = tid % 4;
+      const i32 ra = row0 + 16 * (i32)(tid / 32) + (i32)((tid % 32) / 4);
+      u16* pa = reinterpret_cast<u16*>(ep.c) + (i64)ra * ep.ldc;
+      u16* pb = pa + 8 * ep.ldc;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const i32 col = col0 + 64 * kBox + 8 * (4 * h + (i32)q);
+        if (col < p.n) {
+          if (ra < p.m) epi::st_v4(pa + col, v[8 * h], v[8 * h + 1], v[8 * h + 2], v[8 * h + 3]);
+          if (ra + 8 < p.m) epi::st_v4(pb + col, v[8 * h + 4], v[8 * h + 5], v[8 * h + 6], v[8 * h + 7]);
+        }
+      }
+    }
+  }
+
   template <class Cfg>
   static RAWFLUX_DEVICE void finish(const Params&, u32 tid) {
     if constexpr (bufs<Cfg>() > 0) {
       if (tid == 0) ptx::bulk_wait_all();  // C's boxes written before the CTA ends
     }
   }
+};
+
+// Whether the kernel runs an epilogue policy box-wise (kEpiDefer): TmaStore where it applies, no other.
+template <class E, class Cfg>
+struct DeferTraits {
+  static constexpr int kMode = 0;
+};
+template <class Cfg>
+struct DeferTraits<TmaStore, Cfg> {
+  static constexpr int kMode = TmaStore::boxwise<Cfg>() ? 1 : 0;
 };
 
 }  // namespace rawflux
