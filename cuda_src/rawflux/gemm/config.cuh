@@ -105,31 +105,19 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 constexpr int kProbe = RAWFLUX_PROBE;
 
 #ifndef RAWFLUX_EPI_DEFER
-#define RAWFLUX_EPI_DEFER 0
+#define RAWFLUX_EPI_DEFER 1
 #endif
-// The box-wise epilogue (development; docs/gemm-notes.md, session 15), for the plain GEMM's 16-bit
-// C (TmaStore) on tiles of at most 128 accumulators per thread: each consumer warpgroup's fragment
-// is stored as 64-column boxes, each either staged in shared memory for a TMA store (as TmaStore)
-// or stored from registers with 16-byte global stores (the last kEpiDirectBoxes), and the last
-// kEpiDeferBoxes boxes are deferred: packed to 16 bits in registers (16 per box), they are stored
-// while the next tile's first k blocks run on the tensor pipe (between a k block's wgmma issue and
-// its wait) instead of with the pipe idle; the last tile's after the loop. 1: on; 0: off (the
-// kernels are the ones without it). The held boxes live beside the accumulators in those k
-// blocks: 128x256 (128 accumulators) has room for one (ptxas spills with two).
+// 1 (default since session 15; docs/gemm-notes.md): a deferred C box. In the plain GEMM's and
+// AG-GEMM's 16-bit epilogue (TmaStore), a consumer warpgroup stores all but the last 64-column box
+// of its fragment at the tile's end, packs the last one into 16 registers and goes on to the next
+// tile; the box is staged and stored between the wgmma issue and wait of that tile's first k block,
+// while the tensor pipe runs, where it waited with the pipe idle for the store that last read its
+// staging buffer. Only where TmaStore::defer_boxes says ptxas has room beside the accumulators
+// (128x256 with a cluster, 128x192, 64-row tiles). Measured on the H200 (three A/B runs, m
+// 1024-8192 on the five bar shapes; benchmarks/results/gemm-variants-2026-11-30-s15): median ratio
+// to cuBLAS +0.3 to +0.5 points, output bits unchanged; two deferred boxes spill, and boxes stored
+// from registers instead of staged gained nothing. 0: every box at the tile's end.
 constexpr bool kEpiDefer = RAWFLUX_EPI_DEFER != 0;
-#ifndef RAWFLUX_EPI_DEFER_BOXES
-#define RAWFLUX_EPI_DEFER_BOXES 1
-#endif
-constexpr int kEpiDeferBoxes = RAWFLUX_EPI_DEFER_BOXES;
-#ifndef RAWFLUX_EPI_DIRECT_BOXES
-#define RAWFLUX_EPI_DIRECT_BOXES 0
-#endif
-constexpr int kEpiDirectBoxes = RAWFLUX_EPI_DIRECT_BOXES;
-#ifndef RAWFLUX_EPI_DEFER_SPAN
-#define RAWFLUX_EPI_DEFER_SPAN 2
-#endif
-// k blocks of the next tile the deferred boxes are spread over (equal runs, one per k block).
-constexpr int kEpiDeferSpan = RAWFLUX_EPI_DEFER_SPAN;
 
 #ifndef RAWFLUX_DYN_SCHED
 #define RAWFLUX_DYN_SCHED 0

@@ -3,12 +3,14 @@
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
 //     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
 //     cluster peer for the shared operand).
-//   warpgroups 1..kConsumers (232 registers requested; ptxas keeps every instruction within the
-//     launch's 168): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
+//   warpgroups 1..kConsumers (232 registers requested; ptxas allocates within the launch's 168
+//     unless the accumulators alone need more: 128x320's SASS reaches R214, 128x256's stays under
+//     168 and spills before it goes past): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
 //     two side by side along n when the warpgroup's N exceeds 256), wait for that group and
 //     release the stage to the producer(s) of the cluster (kWait0; the warpgroups' groups then
 //     alternate on the tensor pipe); after the last k block, split-K fix-up if any, then
-//     Epilogue::store.
+//     Epilogue::store (with a deferred C box, TmaStore::defer_boxes: all boxes but the last, which
+//     is stored during the next tile's first k block, while that block's wgmma group runs).
 //
 // Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
 // full[kStages] and empty[kStages] mbarriers. Tiles use the 128-byte swizzle of the TMA maps.
@@ -477,28 +479,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Per-tile phase sums (RAWFLUX_TRACE): a register across the k loop, so only where the
     // accumulators leave room.
     constexpr bool kTracePhases = kTrace && Cfg::kAccRegs <= 128;
-    // Box-wise epilogue (kEpiDefer, config.cuh): the last kDeferBoxes boxes of the previous tile's
+    // Deferred C boxes (kEpiDefer, config.cuh): the last kDeferBoxes boxes of the previous tile's
     // fragment, packed to 16 bits, wait in `held` and are stored between the wgmma issue and wait
-    // of this tile's first kDeferSpan k blocks (kDeferRun boxes each), while the tensor pipe runs.
-    constexpr bool kBoxwise = DeferTraits<Epilogue, Cfg>::kMode != 0;
-    constexpr int kBoxes = Cfg::kWN / 64;
-    constexpr int kDeferBoxes = kBoxwise ? TmaStore::defer_boxes<Cfg>() : 0;
-    constexpr int kNowBoxes = kBoxes - kDeferBoxes;  // stored at the tile's end
+    // of this tile's first k block, while the tensor pipe runs.
+    constexpr int kDeferBoxes = DeferTraits<Epilogue, Cfg>::kBoxes;
     constexpr bool kDefer = kDeferBoxes > 0;
-    constexpr int kDeferSpan = kEpiDeferSpan < 1 ? 1 : (kEpiDeferSpan < kDeferBoxes ? kEpiDeferSpan : (kDefer ? kDeferBoxes : 1));
-    constexpr int kDeferRun = (kDeferBoxes + kDeferSpan - 1) / kDeferSpan;
-    u32 held[kDefer ? kDeferBoxes : 1][16];
+    constexpr int kNowBoxes = Cfg::kWN / 64 - kDeferBoxes;  // stored at the tile's end
+    u32 held[kDefer ? kDeferBoxes : 1][TmaStore::kBoxRegs];
     bool pending = false;              // held carries boxes not yet stored
     i32 held_row0 = 0, held_col0 = 0;  // their fragment's origin in C
-    // Run r (< kDeferSpan) of the held boxes.
-    auto store_held_run = [&](auto run) {
+    auto store_held = [&] {
       if constexpr (kDefer) {
-        constexpr int r = decltype(run)::value;
-        constexpr int kEnd = (r + 1) * kDeferRun < kDeferBoxes ? (r + 1) * kDeferRun : kDeferBoxes;
-        static_for<r * kDeferRun, kEnd>([&](auto j) {
-          constexpr int b = decltype(j)::value;
-          Epilogue::template store_box<Cfg, kNowBoxes + b>(epi, p, held[b], held_row0, held_col0, tid, consumer,
-                                                            ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
+        static_for<0, kDeferBoxes>([&](auto j) {
+          Epilogue::template store_box<Cfg, kNowBoxes + decltype(j)::value>(epi, p, held[decltype(j)::value], held_row0, held_col0, tid,
+                                                                           consumer, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
         });
       }
     };
@@ -512,7 +506,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         trace_stamp(kTraceFirstData);
       }
       // One k block on stage st (parity ph): wait for its data, issue its wgmma group, run `hook`
-      // (deferred stores) while the group runs, then (kWait0) wait for the group and release the stage.
+      // (the held C boxes) while the group runs, then (kWait0) wait for the group and release the stage.
       auto kblock = [&](u32 st, u32 ph, i32 i, auto&& hook) {
         // The wait sum costs a register in the k loop: only where the accumulators leave room.
         constexpr bool kTraceWait = kTrace && Cfg::kAccRegs <= 128;
@@ -559,16 +553,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto no_hook = [] {};
       i32 i = 0;
       if constexpr (kDefer) {
-        // The previous tile's boxes, run r during k block r (those past a short tile's last k block after it).
-        if (pending) {
-          static_for<0, kDeferSpan>([&](auto run) {
-            if (i < nkb) {
-              kblock_next(i, [&] { store_held_run(run); });
-              ++i;
-            } else {
-              store_held_run(run);
-            }
-          });
+        if (pending) {  // the previous tile's held boxes, during this tile's first k block
+          if (i < nkb) {
+            kblock_next(i, store_held);
+            ++i;
+          } else {
+            store_held();
+          }
           pending = false;
         }
       }
@@ -607,19 +598,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         do_store = ksplit_exchange<Cfg>(acc, ksplit_bar, ptx::smem_u32(smem_a), cta_rank, consumer, tid, p.timeout_ns) && do_store;
       }
       if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
-      if constexpr (kBoxwise) {
+      if constexpr (kDefer) {
         if (do_store) {
           Epilogue::template add_bias<Cfg>(epi, p, acc, tc);
           static_for<0, kNowBoxes>([&](auto j) {
-            u32 v[16];
-            Epilogue::template pack_box<Cfg, decltype(j)::value>(acc, v, tid);
+            u32 v[TmaStore::kBoxRegs];
+            Epilogue::template pack_box<Cfg, decltype(j)::value>(acc, v);
             Epilogue::template store_box<Cfg, decltype(j)::value>(epi, p, v, tc.row0, tc.col0, tid, consumer, tc.scratch);
           });
         }
         // Packed on every path, stored or not: held is then redefined before each k loop, so it is
         // dead there (else it lives across the loop on the no-store path and ptxas spills it).
-        static_for<0, kDeferBoxes>([&](auto j) { Epilogue::template pack_box<Cfg, kNowBoxes + decltype(j)::value>(acc, held[decltype(j)::value], tid); });
-        pending = do_store;  // stored during the next tile's first k blocks, or after the loop
+        static_for<0, kDeferBoxes>([&](auto j) { Epilogue::template pack_box<Cfg, kNowBoxes + decltype(j)::value>(acc, held[decltype(j)::value]); });
+        pending = do_store;  // stored during the next tile's first k block, or after the loop
         held_row0 = tc.row0;
         held_col0 = tc.col0;
       } else {
@@ -632,7 +623,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
     if constexpr (kDefer) {
-      if (pending) static_for<0, kDeferSpan>([&](auto run) { store_held_run(run); });  // the last tile's boxes
+      if (pending) store_held();  // the last tile's held boxes
     }
     Epilogue::template finish<Cfg>(epi, tid);
   }

@@ -110,73 +110,20 @@ struct TmaStore {
 
   template <class Cfg>
   static RAWFLUX_DEVICE void store(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
-    if (ep.bias_kind != epi::kBiasNone) {
-      epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);
-    }
-    constexpr int kBufs = bufs<Cfg>();
-    if constexpr (kBufs == 0) {
+    add_bias<Cfg>(ep, p, acc, tc);
+    if constexpr (bufs<Cfg>() == 0) {
       epi::store_fragment<Cfg::kOut>(reinterpret_cast<void*>(ep.c), ep.ldc, acc, tc.row0, tc.col0, p.m, p.n, tc.tid);
     } else {
-      constexpr bool kF16 = Cfg::kOut == kTypeF16;
-      const u32 bar = kWarpgroupBarrierBase + tc.consumer;
-      const u32 warp = tc.tid / 32, lane = tc.tid % 32;
-      // This lane's stmatrix row: matrix lane / 8 of each x4 (upper / lower 8 rows of the warp's
-      // 16, then the next n8 block), row lane % 8 of it.
-      const u32 half = (lane / 8) % 2, next_block = lane / 16;
-      const u32 row = 16 * warp + 8 * half + lane % 8;  // in the warpgroup's 64-row fragment
-      const u32 row_addr = tc.scratch + tc.consumer * kBufs * kBoxBytes + row * 128;
-      // Probes 4 / 8 (config.cuh): decided at run time, so the compiler keeps what they skip.
-      const bool skip_stsm = (kProbe & 4) != 0 && p.k_blocks > 0;
-      const bool skip_tma = (kProbe & 8) != 0 && p.k_blocks > 0;
-#pragma unroll
-      for (int c = 0; c < Cfg::kWN / 64; ++c) {
-        const u32 buf = (u32)((c % kBufs) * kBoxBytes);
-        // The store that last read this buffer (kBufs boxes ago, maybe in the previous tile) is done
-        // reading it: thread 0 issued it, the barrier tells the others.
-        if (tc.tid == 0) ptx::bulk_wait_read<kBufs - 1>();
-        ptx::named_barrier_sync(bar, 128);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (skip_stsm) break;
-          const int jb = 8 * c + 2 * q;  // n8 blocks jb, jb + 1 of the fragment
-          const u32 unit = (u32)(2 * q) + next_block;  // 16-byte unit in the box's 128-byte row
-          ptx::stmatrix_x4(row_addr + buf + ((unit ^ (row & 7u)) << 4),  // 128-byte swizzle, as the tensor map
-                           ptx::pack2<kF16>(acc[4 * jb + 0], acc[4 * jb + 1]), ptx::pack2<kF16>(acc[4 * jb + 2], acc[4 * jb + 3]),
-                           ptx::pack2<kF16>(acc[4 * jb + 4], acc[4 * jb + 5]), ptx::pack2<kF16>(acc[4 * jb + 6], acc[4 * jb + 7]));
-        }
-        ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
-        ptx::named_barrier_sync(bar, 128);
-        if (tc.tid == 0 && !skip_tma) {
-          ptx::tma_store_2d(&ep.tmap_c, tc.scratch + tc.consumer * kBufs * kBoxBytes + buf, tc.col0 + 64 * c, tc.row0);
-          ptx::bulk_commit();
-        }
-      }
+      static_for<0, Cfg::kWN / 64>([&](auto box) {
+        u32 v[kBoxRegs];
+        pack_box<Cfg, decltype(box)::value>(acc, v);
+        store_box<Cfg, decltype(box)::value>(ep, p, v, tc.row0, tc.col0, tc.tid, tc.consumer, tc.scratch);
+      });
     }
   }
 
   template <class Cfg>
   static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
-
-  // ---- The box-wise epilogue (kEpiDefer, config.cuh). The gemm kernel adds the bias, then packs
-  // and stores the fragment's 64-column boxes one by one (pack_box, store_box): boxes before
-  // kEpiDirectBoxes from the end are staged for TMA stores as store() does, the others stored from
-  // registers (their packed form then holds each lane's quad-transposed 16-byte blocks); the last
-  // defer_boxes() wait in registers for the next tile's first k blocks.
-  template <class Cfg>
-  static constexpr bool boxwise() {
-    return kEpiDefer && kWait0 && Cfg::kOut != kTypeF32 && Cfg::kWN % 64 == 0 && Cfg::kClusterK == 1 && Cfg::kAccRegs <= 128;
-  }
-  template <class Cfg>
-  static constexpr int defer_boxes() {
-    constexpr int kBoxes = Cfg::kWN / 64;
-    return kEpiDeferBoxes < 0 ? 0 : (kEpiDeferBoxes < kBoxes ? kEpiDeferBoxes : kBoxes);
-  }
-  // Box kBox goes from registers: one of the last kEpiDirectBoxes, or no staging room.
-  template <class Cfg, int kBox>
-  static constexpr bool direct_box() {
-    return bufs<Cfg>() == 0 || kBox >= Cfg::kWN / 64 - kEpiDirectBoxes;
-  }
-  static constexpr int kBoxRegs = 16;  // a 64 x 64 box of 16-bit C over 128 threads: 16 packed pairs each
 
   template <class Cfg>
   static RAWFLUX_DEVICE void add_bias(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
@@ -185,80 +132,67 @@ struct TmaStore {
     }
   }
 
-  // Box kBox (columns 64 kBox .. 64 kBox + 63 of the fragment) of acc, packed to 16 bits. Every
-  // thread of the warpgroup calls it (a direct box's transpose shuffles).
-  template <class Cfg, int kBox>
-  static RAWFLUX_DEVICE void pack_box(const float (&acc)[Cfg::kAccRegs], u32 (&v)[kBoxRegs], u32 tid) {
-    constexpr bool kF16 = Cfg::kOut == kTypeF16;
-    if constexpr (!direct_box<Cfg, kBox>()) {
-#pragma unroll
-      for (int i = 0; i < kBoxRegs; ++i) v[i] = ptx::pack2<kF16>(acc[32 * kBox + 2 * i], acc[32 * kBox + 2 * i + 1]);
+  // ---- Boxes. store() packs and stores the fragment's 64-column boxes in order (pack_box,
+  // store_box). With kEpiDefer the gemm kernel does the same for all but the last defer_boxes(),
+  // which it packs into registers and stores while the next tile's first k blocks run.
+  static constexpr int kBoxRegs = 16;  // a 64 x 64 box of 16-bit C over 128 threads: 16 packed pairs each
+
+  // Boxes of a fragment the kernel defers (0: none, and the kernel calls store()). Staged boxes
+  // only; 128 accumulators leave room for one. 128x256 without a cluster: ptxas spills 20 bytes
+  // with it (its multicast-free release path allocates differently), so none there.
+  template <class Cfg>
+  static constexpr int defer_boxes() {
+    if constexpr (!kEpiDefer || !kWait0 || bufs<Cfg>() == 0 || Cfg::kAccRegs > 128 || Cfg::kClusterK > 1 ||
+                  (Cfg::kAccRegs == 128 && Cfg::kClusterSize == 1)) {
+      return 0;
     } else {
-      // Quads g of n8 blocks (32 columns): rows a (v[8g'..8g'+3]) and a + 8 (v[8g'+4..8g'+7]),
-      // transposed so that each lane holds one whole n8 block of each row (epi::store_rows_16).
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int g = 2 * kBox + h;
-        u32 va[4], vb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          va[i] = ptx::pack2<kF16>(acc[4 * (4 * g + i) + 0], acc[4 * (4 * g + i) + 1]);
-          vb[i] = ptx::pack2<kF16>(acc[4 * (4 * g + i) + 2], acc[4 * (4 * g + i) + 3]);
-        }
-        epi::quad_transpose(va, tid % 4);
-        epi::quad_transpose(vb, tid % 4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[8 * h + i] = va[i];
-          v[8 * h + 4 + i] = vb[i];
-        }
-      }
+      return 1;
     }
   }
 
-  // Stores packed box kBox of the fragment whose origin is (row0, col0). A staged box: every thread
-  // of the warpgroup calls it (named barrier), in box order (the staging buffers rotate by box).
+  // Box kBox (columns 64 kBox .. 64 kBox + 63 of the fragment) of acc, packed to 16-bit pairs in
+  // stmatrix order: register 4 q + j is the pair of n8 block 8 kBox + 2 q + j / 2, rows j % 2.
+  template <class Cfg, int kBox>
+  static RAWFLUX_DEVICE void pack_box(const float (&acc)[Cfg::kAccRegs], u32 (&v)[kBoxRegs]) {
+#pragma unroll
+    for (int i = 0; i < kBoxRegs; ++i) v[i] = ptx::pack2<Cfg::kOut == kTypeF16>(acc[32 * kBox + 2 * i], acc[32 * kBox + 2 * i + 1]);
+  }
+
+  // Stages packed box kBox of the fragment at (row0, col0) in buffer kBox % kBufs (stmatrix, the
+  // 128-byte swizzle of the tensor map) and issues its TMA store (clipped at C's bounds). Every
+  // thread of the warpgroup calls it (named barriers), boxes in order: a buffer is reused kBufs
+  // boxes later, maybe in the next tile, once the store that read it is done.
   template <class Cfg, int kBox>
   static RAWFLUX_DEVICE void store_box(const Params& ep, const GemmParams& p, const u32 (&v)[kBoxRegs], i32 row0, i32 col0, u32 tid,
                                        u32 consumer, u32 scratch) {
-    if constexpr (!direct_box<Cfg, kBox>()) {
-      constexpr int kBufs = bufs<Cfg>();
-      constexpr int kStaged = Cfg::kWN / 64 - kEpiDirectBoxes;
-      static_assert(kStaged % kBufs == 0, "staged box b uses buffer b % kBufs: whole rounds per fragment, so tiles continue the rotation");
-      const u32 bar = kWarpgroupBarrierBase + consumer;
-      const u32 warp = tid / 32, lane = tid % 32;
-      const u32 half = (lane / 8) % 2, next_block = lane / 16;
-      const u32 row = 16 * warp + 8 * half + lane % 8;
-      const u32 box_addr = scratch + consumer * kBufs * kBoxBytes + (u32)((kBox % kBufs) * kBoxBytes);
-      // The store that last read this buffer (kBufs boxes ago) is done reading it: thread 0 issued
-      // it, the barrier tells the others.
-      if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();
-      ptx::named_barrier_sync(bar, 128);
+    constexpr int kBufs = bufs<Cfg>();
+    static_assert(kBufs > 0 && (Cfg::kWN / 64) % kBufs == 0,
+                  "box b stages in buffer b % kBufs: whole rounds per fragment, so the next tile continues the rotation");
+    const u32 bar = kWarpgroupBarrierBase + consumer;
+    const u32 warp = tid / 32, lane = tid % 32;
+    // This lane's stmatrix row: matrix lane / 8 of each x4 (upper / lower 8 rows of the warp's 16,
+    // then the next n8 block), row lane % 8 of it.
+    const u32 half = (lane / 8) % 2, next_block = lane / 16;
+    const u32 row = 16 * warp + 8 * half + lane % 8;  // in the warpgroup's 64-row fragment
+    const u32 box_addr = scratch + consumer * kBufs * kBoxBytes + (u32)((kBox % kBufs) * kBoxBytes);
+    // Probes 4 / 8 (config.cuh): decided at run time, so the compiler keeps what they skip.
+    const bool skip_stsm = (kProbe & 4) != 0 && p.k_blocks > 0;
+    const bool skip_tma = (kProbe & 8) != 0 && p.k_blocks > 0;
+    // The store that last read this buffer is done reading it: thread 0 issued it, the barrier
+    // tells the others.
+    if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();
+    ptx::named_barrier_sync(bar, 128);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const u32 unit = (u32)(2 * q) + next_block;
-        ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4),  // 128-byte swizzle, as the tensor map
-                         v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-      }
-      ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
-      ptx::named_barrier_sync(bar, 128);
-      if (tid == 0) {
-        ptx::tma_store_2d(&ep.tmap_c, box_addr, col0 + 64 * kBox, row0);
-        ptx::bulk_commit();
-      }
-    } else {
-      const u32 q = tid % 4;
-      const i32 ra = row0 + 16 * (i32)(tid / 32) + (i32)((tid % 32) / 4);
-      u16* pa = reinterpret_cast<u16*>(ep.c) + (i64)ra * ep.ldc;
-      u16* pb = pa + 8 * ep.ldc;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const i32 col = col0 + 64 * kBox + 8 * (4 * h + (i32)q);
-        if (col < p.n) {
-          if (ra < p.m) epi::st_v4(pa + col, v[8 * h], v[8 * h + 1], v[8 * h + 2], v[8 * h + 3]);
-          if (ra + 8 < p.m) epi::st_v4(pb + col, v[8 * h + 4], v[8 * h + 5], v[8 * h + 6], v[8 * h + 7]);
-        }
-      }
+    for (int q = 0; q < 4; ++q) {
+      if (skip_stsm) break;
+      const u32 unit = (u32)(2 * q) + next_block;  // 16-byte unit in the box's 128-byte row
+      ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+    ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
+    ptx::named_barrier_sync(bar, 128);
+    if (tid == 0 && !skip_tma) {
+      ptx::tma_store_2d(&ep.tmap_c, box_addr, col0 + 64 * kBox, row0);
+      ptx::bulk_commit();
     }
   }
 
@@ -270,14 +204,14 @@ struct TmaStore {
   }
 };
 
-// Whether the kernel runs an epilogue policy box-wise (kEpiDefer): TmaStore where it applies, no other.
+// Boxes the gemm kernel defers for an epilogue policy (kEpiDefer): TmaStore's, none for the others.
 template <class E, class Cfg>
 struct DeferTraits {
-  static constexpr int kMode = 0;
+  static constexpr int kBoxes = 0;
 };
 template <class Cfg>
 struct DeferTraits<TmaStore, Cfg> {
-  static constexpr int kMode = TmaStore::boxwise<Cfg>() ? 1 : 0;
+  static constexpr int kBoxes = TmaStore::defer_boxes<Cfg>();
 };
 
 }  // namespace rawflux
