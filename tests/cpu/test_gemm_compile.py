@@ -16,8 +16,8 @@ GEMM_VARIANTS = [v for v in variants() if v.relpath == "gemm.cu"]
 
 
 def test_variants_registered():
-    # every tile (and the k-split ones) x {bf16, f16} x {16-bit out, f32 out} x layouts it supports
-    expect = sum(2 * 2 * sum(t.supports(l) for l in ("nk", "kn")) for t in (*tune.TILES, *tune.KSPLIT_TILES))
+    # every tile (and the k-split and probe ones) x {bf16, f16} x {16-bit out, f32 out} x layouts it supports
+    expect = sum(2 * 2 * sum(t.supports(l) for l in ("nk", "kn")) for t in tune.compiled_tiles())
     assert len(GEMM_VARIANTS) == expect
     assert all(v.archs == ("sm_90a",) for v in GEMM_VARIANTS)
 
@@ -177,7 +177,7 @@ def _scratch_asserts() -> str:
     (ops.gemm.epilogue_scratch_bytes, launch_smem_bytes) is what the kernel's policy uses, for every
     compiled tile and output type (a kernel using more than the launch reserved would write past it)."""
     lines = ['#include "rawflux/gemm/policies.cuh"', "namespace rawflux {"]
-    for t in tune.TILES:
+    for t in (*tune.TILES, *tune.PROBE_TILES):
         for dt in (DType.BF16, DType.F16):
             for od in g.out_dtypes_for(dt):
                 cfg = g.kernel_name(t, dt, od, "nk").split("<", 1)[1].rsplit(f", {g.FUSED_SCHED}", 1)[0]
