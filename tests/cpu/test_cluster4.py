@@ -317,3 +317,39 @@ def test_grid_capped_at_co_scheduled_clusters(monkeypatch):
     plan = g._plan(cfg, 1000, 6144, 4096, *plan_args)
     sp = tune.sk_plan(1000, 6144, 4096, cfg, 120)
     assert plan.grid == sp.clusters * 4 <= 120 and g.GEMM_PARAMS.unpack(plan.params)[12] == sp.sk_tiles
+
+
+# ------------------------------------------------------------------------------------------------
+# the dynamic tile order (RAWFLUX_DYN_SCHED, development): compiled for 4x1, not for 2x2
+
+
+def test_dyn_order_only_where_every_cta_releases_the_leader(monkeypatch):
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_DYN_SCHED=1")
+    for t in tune.PROBE_TILES:
+        # 4x1: every CTA writes into the leader's stages (the 2-CTA argument holds); 2x2: the diagonal does not
+        assert g._dyn_order(t) == (t.stream_k_ok and (t.cluster_m == 1 or t.cluster_n == 1)), t.tag()
+    assert any(g._dyn_order(t) for t in tune.PROBE_TILES)
+
+
+def test_dyn_ticket_protocol_with_4_ctas():
+    """test_dyn_sched's step machines with 4 CTAs per cluster that all release each other's stages
+    (the 4x1 cluster: B multicast to all four, A loaded by each)."""
+    from tests.cpu.test_dyn_sched import _run
+
+    for seed in range(120):
+        rng = random.Random(seed)
+        _run(seed, clusters=rng.randint(1, 2), csize=4, stages=rng.randint(2, 4), kb=rng.randint(1, 3), units=rng.randint(0, 10))
+
+
+def test_dyn_4x1_compiles_clean(monkeypatch):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_DYN_SCHED=1")
+    from rawflux.check_kernels import _WGMMA_SERIALIZED
+    from rawflux.jit import kernel_source
+
+    t = tune.parse_tag("128x256x64s4c4x1w2/k1/g8m/p0").tile
+    name = g.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED, epilogue=g.plain_epilogue(DType.BF16))
+    r = compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(name,), filename="gemm.cu")
+    res = r.resources[r.lowered[name]]
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack"] == 0, res
+    assert _WGMMA_SERIALIZED not in r.log

@@ -139,8 +139,9 @@ def test_wide_tile_is_nk_only_and_two_wgmma_per_step():
     for t in wide:
         assert t.supports("nk") and not t.supports("kn")  # kn B chunks are 64 columns: 160 does not split them
         assert t.bn // t.cluster_m <= 256  # the TMA box of B (one CTA's multicast slice) spans <= 256 rows
-    sass_hint = [v for v in GEMM_VARIANTS if "GemmCfg<128,320," in v.name_expr]
-    assert len(sass_hint) == 4  # bf16/f16 x 16-bit/f32 out, nk only
+    for t in wide:
+        cfg = f"GemmCfg<{t.bm},{t.bn},64,{t.stages},{t.cluster_m},{t.cluster_n},"
+        assert len([v for v in GEMM_VARIANTS if cfg in v.name_expr]) == 4  # bf16/f16 x 16-bit/f32 out, nk only
 
 
 def _epilogue_layout_asserts() -> str:
