@@ -83,7 +83,6 @@ def plain_epilogue(out_dtype: DType) -> str:
 
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue, tiles=tune.KSPLIT_TILES)  # k-split clusters: plain GEMM only
-register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue, tiles=tune.PROBE_TILES)  # 4-CTA clusters: plain GEMM only, by tag
 
 # TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), as many per consumer
 # warpgroup as the shared memory the stage ring leaves holds, up to a fragment's (mirrors TmaStore::bufs
@@ -106,10 +105,8 @@ def _scratch_offset(tile: TileConfig) -> int:
 
 def _dyn_order(tile: TileConfig) -> bool:
     """RAWFLUX_NVRTC_DEFINES="RAWFLUX_DYN_SCHED=1" (development): the plain GEMM's dynamic tile
-    order, for the tiles the kernel compiles it into (TileSchedT::kDynamic: not a 2x2 cluster, whose
-    diagonal CTA does not release the leader's stages)."""
-    return (env.nvrtc_define_int("RAWFLUX_DYN_SCHED", 0) != 0 and tile.cluster_k == 1 and tile.stream_k_ok
-            and (tile.cluster_m == 1 or tile.cluster_n == 1))
+    order, for the tiles the kernel compiles it into (TileSchedT::kDynamic)."""
+    return env.nvrtc_define_int("RAWFLUX_DYN_SCHED", 0) != 0 and tile.cluster_k == 1 and tile.stream_k_ok
 
 
 def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType) -> int:
@@ -380,55 +377,6 @@ def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
     return clusters * t.cluster_size
 
 
-# Clusters of more than 2 CTAs (tune.PROBE_TILES): the device may co-schedule fewer of them than
-# sms // size (a GPC whose SMs do not divide by 4 leaves some idle). A persistent grid of more still
-# runs right (CTAs take tiles in a loop; nothing waits on another cluster: the split-K fix-up is
-# last-arrival, the dynamic order's done count too), but the extra clusters start only as others
-# end, a second wave. The grid is capped at what cuOccupancyMaxActiveClusters reports, asked once
-# per (kernel, threads, cluster, smem); without an answer (no GPU, an older driver binding) at
-# sms // size clusters, grid_size's own cap. The 2-CTA tiles keep sms // 2 (what they were timed with).
-_cluster_caps: dict[tuple, int] = {}
-
-
-def max_active_clusters(kernel, threads: int, cluster: int, smem: int, sms: int = 132) -> int:
-    """Clusters of `cluster` CTAs of `kernel` the device can run at once, or 0 if it cannot be asked.
-    (`sms` only makes the query's grid a whole number of clusters, as a persistent launch's is.)"""
-    key = (kernel.handle, threads, cluster, smem)
-    hit = _cluster_caps.get(key)
-    if hit is not None:
-        return hit
-    most = 0
-    try:
-        from cuda.bindings import driver as drv
-
-        kernel.set_max_dynamic_smem(smem)
-        lc = drv.CUlaunchConfig()
-        lc.gridDimX, lc.gridDimY, lc.gridDimZ = max(1, sms // cluster) * cluster, 1, 1
-        lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
-        lc.sharedMemBytes = smem
-        at = drv.CUlaunchAttribute()
-        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
-        lc.attrs = [at]
-        lc.numAttrs = 1
-        err, n = drv.cuOccupancyMaxActiveClusters(drv.CUfunction(kernel.handle), lc)
-        if err == drv.CUresult.CUDA_SUCCESS:
-            most = int(n)
-    except Exception:  # noqa: BLE001  (no driver, no GPU, or a binding without the call: no cap)
-        most = 0
-    _cluster_caps[key] = most
-    return most
-
-
-def cluster_sms(kernel, tile: TileConfig, smem: int, sms: int) -> int:
-    """SMs a persistent grid of `tile` may fill: `sms`, or for clusters of more than 2 CTAs at most
-    the clusters the device co-schedules (max_active_clusters) times their size."""
-    if tile.cluster_size <= 2:
-        return sms
-    most = max_active_clusters(kernel, tile.threads, tile.cluster_size, smem, sms)
-    return min(sms, most * tile.cluster_size) if most > 0 else sms
-
-
 @dataclass
 class _Plan:
     kernel: object
@@ -471,26 +419,23 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         if 2 * tiles > ctas:
             raise ValueError(f"config {cfg.tag()}: a k-split cluster takes one tile: {tiles} tiles need {2 * tiles} CTAs, "
                              f"the grid has {ctas}")
-    name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
-    kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
-    smem = launch_smem_bytes(t, epilogue, out_dtype)
-    # The SMs the persistent grid fills: the grid, the stream-K plan and its workspace agree on it.
-    sms = cluster_sms(kern, t, smem, info.sms)
     ws = ctr = 0
     _, _, splits = tune.split_plan(k, cfg.splits)
     slots = -(-m // t.bm) * -(-n // t.bn)  # split-K: one fix-up slot per CTA tile
     if cfg.stream_k:
-        sp = tune.sk_plan(m, n, k, cfg, sms)
+        sp = tune.sk_plan(m, n, k, cfg, info.sms)
         splits, slots = sp.max_pieces, sp.sk_tiles * t.cluster_size  # stream-K: per CTA tile of the stream-K tiles
     if splits > 1:
         ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, slots * t.consumers)
     elif sched == PLAIN_SCHED and not cfg.stream_k and _dyn_order(t):
         # RAWFLUX_DYN_SCHED (development): the ticket counter and the done count, zero between launches
         _, ctr = _workspace(device_id, stream, 0, 2)
-    params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=sms)
-    # Each CTA of a cluster loads a 1 / cluster_m slice of B's tile and a 1 / cluster_n slice of A's (a_box_rows).
+    params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=info.sms)
+    name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
+    kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
-    plan = _Plan(kern, grid_size(cfg, m, n, k, sms), t.threads, t.cluster_size, smem, params,
+    smem = launch_smem_bytes(t, epilogue, out_dtype)
+    plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), t.threads, t.cluster_size, smem, params,
                  (a_box_rows(t, m), tune.BK), box_b, (m, n, k), b_layout, _TMAP_CODE[dtype])
     with _plans_lock:
         if len(_plans) > 4096:
@@ -735,7 +680,7 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
         return wrap_output(ta, tc, stream=s), None
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
-    if config is not None and (not tune.is_compiled(config.tile)
+    if config is not None and ((config.tile not in tune.TILES and config.tile not in tune.KSPLIT_TILES)
                                or not config.tile.supports(b_layout)):
         raise ValueError(f"config tile {config.tile.tag()} is not a compiled variant for layout {b_layout!r}")
     _check_arch(dev)

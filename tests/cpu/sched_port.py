@@ -15,9 +15,3 @@ def raster(cu: int, ctm: int, ctn: int, group: int, raster_n: bool = False) -> t
     r = cu - g * per_group
     major, minor = first + r % gsize, r // gsize
     return (minor, major) if raster_n else (major, minor)
-
-
-def cluster_place(rank: int, cluster_m: int, cluster_n: int) -> tuple[int, int]:
-    """GemmCfg::rank_m / rank_n (gemm/config.cuh): cluster rank -> (rm, rn), rank = rm + cluster_m * rn.
-    CTA (rm, rn) takes tile (cm * cluster_m + rm, cn * cluster_n + rn) of cluster tile (cm, cn)."""
-    return rank % cluster_m, rank // cluster_m

@@ -7,7 +7,7 @@ from rawflux.ops import gemm as g
 
 
 def test_a_box_rows():
-    for t in tune.compiled_tiles():
+    for t in (*tune.TILES, *tune.KSPLIT_TILES):
         box = t.bm // t.cluster_n
         for m in (1, 7, 8, 9, 31, 63, 64, 65, 127, 128, 129, 300, 4096):
             rows = g.a_box_rows(t, m)

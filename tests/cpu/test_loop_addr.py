@@ -22,7 +22,7 @@ def _desc_add(desc: int, units: int) -> int:
 
 def _rings():
     """(tile, b_layout, stages, A stage bytes, B stage bytes, ring base) of every compiled tile."""
-    for t in tune.compiled_tiles():
+    for t in (*tune.TILES, *tune.KSPLIT_TILES):
         for layout in ("nk", "kn"):
             if t.supports(layout):
                 yield t, layout, t.stages, t.bm * ROW, t.bn * ROW

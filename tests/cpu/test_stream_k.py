@@ -12,7 +12,7 @@ import pytest
 from rawflux import tune
 from rawflux.ops import gemm as g
 from rawflux.runtime import DType
-from tests.cpu.sched_port import cluster_place, raster
+from tests.cpu.sched_port import raster
 
 SK_TILES = [t for t in tune.TILES if t.stream_k_ok]
 
@@ -71,9 +71,8 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
                 assert gg == cid
             cm, cn = raster(cu, ctm, ctn, group, bool(raster_n))
             for rank in range(t.cluster_size):
-                rm, rn = cluster_place(rank, t.cluster_m, t.cluster_n) if t.cluster_k == 1 else (0, 0)
-                tm = cm * t.cluster_m + rm
-                tn = cn * t.cluster_n + rn
+                tm = cm * t.cluster_m + (rank if t.cluster_m > 1 else 0)
+                tn = cn * t.cluster_n + (rank if t.cluster_n > 1 else 0)
                 slot = (cu - dp_tiles) * t.cluster_size + rank if sk_piece else tm * tiles_n + tn
                 out.append((cid, tm, tn, kb0, kb1, split, nsplit, slot))
     return out, p

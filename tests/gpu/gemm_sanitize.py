@@ -2,9 +2,9 @@
 TmaStore epilogue stages C in shared memory, ragged m and n, few CTAs so the staging buffers are
 reused across tiles; then split-K and stream-K (the fix-up's workspace and counters) on every tile
 that compiles them; then the k-split clusters (tune.KSPLIT_TILES: CTA 1's fragment handed to CTA 0
-through distributed shared memory) and the 4-CTA probe tiles (tune.PROBE_TILES). Checks each
-result against the f32 (register-path) result rounded, bitwise. Exit status 0 only if every call
-matched. `gemm_sanitize.py c1k2` runs only the tiles whose tag contains c1k2."""
+through distributed shared memory). Checks each result against the f32 (register-path) result
+rounded, bitwise. Exit status 0 only if every call matched. `gemm_sanitize.py c1k2` runs only the
+tiles whose tag contains c1k2."""
 from __future__ import annotations
 
 import sys
@@ -19,7 +19,7 @@ def main(only: str = "") -> int:
     """only: run just the tiles whose tag contains it (e.g. "c1k2" for the k-split clusters)."""
     bad = 0
     rs = cupy.random.RandomState()
-    for t in tune.compiled_tiles():  # the model's tiles, the k-split pairs, the 4-CTA probe tiles
+    for t in (*tune.TILES, *tune.KSPLIT_TILES):
         if not t.supports("nk") or only not in t.tag():
             continue
         m, n, k = 3 * t.bm + 19, 2 * t.bn + 40, 192

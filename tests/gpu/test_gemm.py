@@ -159,24 +159,6 @@ def test_every_tile_config(rf):
                 check(rf, 5, 520, 4104, layout=layout, config=cfg, dtype="f16", out_dtype="f32")
 
 
-def test_probe_tiles(rf):
-    """The 4-CTA cluster tiles (tune.PROBE_TILES: 2x2 and 4x1, by config only): ragged m and n that
-    leave CTAs idle along both cluster dimensions (n = 520: 3 tile columns of 256), a cut A box
-    (m = 5), split-K, a grid of 2 clusters walking several tiles each, and stream-K."""
-    from rawflux import tune
-
-    for t in tune.PROBE_TILES:
-        for layout in ("nk", "kn"):
-            if not t.supports(layout):
-                continue
-            for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, splits=3, group=3, raster_n=True), tune.GemmConfig(t, ctas=8)):
-                check(rf, 300, 968, 1544, layout=layout, config=cfg)
-                check(rf, 5, 520, 4104, layout=layout, config=cfg, dtype="f16", out_dtype="f32")
-                check(rf, 1100, 520, 200, layout=layout, config=cfg, bias="bf16")
-            if t.stream_k_ok:
-                check(rf, 1000, 2056, 1000, layout=layout, config=tune.GemmConfig(t, ctas=24, stream_k=True))
-
-
 STREAM_K_CASES = [
     # (m, n, k, ctas): every tile cut into many runs; data-parallel waves + cut tiles on a small
     # grid (runs spanning tiles; the first of the listed grids that leaves a partial wave for the

@@ -5,10 +5,6 @@
 #pragma once
 #include "rawflux/ptx/types.cuh"
 
-// GemmCfg's constexpr helpers (the cluster rank layout): device code, and static_asserts in the
-// CPU tests (tests/cpu/test_cluster4.py).
-#define RAWFLUX_HOST_DEVICE __host__ __device__ __forceinline__
-
 namespace rawflux {
 
 // Element-type tags (template arguments; rawflux/ops/gemm.py spells the same numbers).
@@ -152,13 +148,6 @@ constexpr int wgmma_chunks(int wn, int unit) {
   return 1;
 }
 
-// Multicast mask of A's slice from the CTA at rm = 0: ranks kClusterM * j, j < kClusterN (GemmCfg).
-constexpr u32 cluster_mask_a0(int cluster_m, int cluster_n) {
-  u32 mask = 0;
-  for (int j = 0; j < cluster_n; ++j) mask |= 1u << (cluster_m * j);
-  return mask;
-}
-
 template <int BM_, int BN_, int BK_, int kStages_, int kClusterM_, int kClusterN_, int kConsumers_, int kIn_, int kOut_,
           int kBLayout_, int kClusterK_ = 1>
 struct GemmCfg {
@@ -174,33 +163,7 @@ struct GemmCfg {
   // (ksplit_exchange in mainloop_sm90.cuh). They share no operand, so nothing is multicast.
   static constexpr int kClusterK = kClusterK_;
   static constexpr int kClusterSize = kClusterM_ * kClusterN_ * kClusterK_;
-  // Rank layout of a multicast cluster: rank = rm + kClusterM * rn, rm the CTA's place along m (its
-  // tile row in the cluster tile, and the slice of the shared B tile it loads), rn its place along n
-  // (its tile column, and the slice of the shared A tile it loads). A's slice goes to the CTAs of the
-  // same rm, B's to those of the same rn, so a CTA's stages are written by the CTAs that share its rm
-  // or its rn: kWriters of them, itself included (2x2: not the diagonal CTA). The relation is
-  // symmetric: the same CTAs read what this CTA's producer writes, and release it.
-  static constexpr int kWriters = kClusterM_ + kClusterN_ - 1;
-  // Place along m / n of cluster rank r. Along one dimension only the rank is the place (no
-  // arithmetic: the 2-CTA kernels' code is what it was before 2x2 / 4x1); a dimension without a
-  // cluster has place 0 (also in a k-split cluster).
-  static constexpr RAWFLUX_HOST_DEVICE u32 rank_m(u32 r) { return kClusterM_ == 1 ? 0u : (kClusterN_ == 1 ? r : r % (u32)kClusterM_); }
-  static constexpr RAWFLUX_HOST_DEVICE u32 rank_n(u32 r) { return kClusterN_ == 1 ? 0u : (kClusterM_ == 1 ? r : r / (u32)kClusterM_); }
-  // Multicast masks: A's slice to ranks rm + kClusterM * j (j < kClusterN), B's to ranks
-  // i + kClusterM * rn (i < kClusterM). With the cluster along one dimension the shifts are by a
-  // constant 0 and both reduce to every rank, (1 << kClusterSize) - 1.
-  static constexpr u32 kMaskA0 = cluster_mask_a0(kClusterM_, kClusterN_);  // rm = 0
-  static constexpr RAWFLUX_HOST_DEVICE u16 mask_a(u32 rm) { return (u16)(kMaskA0 << rm); }
-  static constexpr RAWFLUX_HOST_DEVICE u16 mask_b(u32 rn) { return (u16)(((1u << kClusterM_) - 1u) << ((u32)kClusterM_ * rn)); }
-  // The CTA whose empty barrier consumer lane `lane` (< kWriters) of CTA rank r arrives on when a
-  // stage is consumed: the writers of r's stages. Along one dimension every CTA writes into every
-  // other: lane l is rank l. 2x2: lanes 0 .. kClusterM - 1 the CTAs of r's rn (B's writers, r among
-  // them), then the other CTAs of r's rm (A's writers).
-  static constexpr RAWFLUX_HOST_DEVICE u32 writer(u32 lane, u32 r) {
-    if (kClusterM_ == 1 || kClusterN_ == 1) return lane;
-    if (lane < (u32)kClusterM_) return lane + (u32)kClusterM_ * rank_n(r);
-    return rank_m(r) + (u32)kClusterM_ * ((rank_n(r) + lane - (u32)(kClusterM_ - 1)) % (u32)kClusterN_);
-  }
+  static constexpr int kMcastSize = kClusterM_ * kClusterN_;  // CTAs that fill (and release) each other's stages
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups (1 or 2)
   static constexpr int kIn = kIn_;
   static constexpr int kOut = kOut_;
@@ -249,9 +212,8 @@ struct GemmCfg {
   static_assert(kWgmmaChunks == 1 || ((kWgmmaN * 128) % 1024 == 0), "a second wgmma chunk starts on a swizzle atom");
   static_assert(kBLayout_ == kLayoutNK || (BN_ % 64 == 0 && kWN % 64 == 0 && kWgmmaN % 64 == 0),
                 "kn layout: BN and per-warpgroup N multiples of 64, chunks whole 64-column boxes");
-  static_assert((kClusterM_ == 1 && kClusterN_ <= 2) || (kClusterM_ == 2 && kClusterN_ <= 2) || (kClusterM_ == 4 && kClusterN_ == 1),
-                "multicast cluster (m x n): 1x1, 2x1, 1x2, 2x2 or 4x1");
-  static_assert(kClusterSize <= 4, "cluster size at most 4");
+  static_assert(kClusterM_ == 1 || kClusterN_ == 1, "cluster along m or along n, not both");
+  static_assert(kClusterSize == 1 || kClusterSize == 2, "cluster size 1 or 2");
   static_assert(kClusterK_ == 1 || (kClusterK_ == 2 && kClusterM_ == 1 && kClusterN_ == 1), "a k-split cluster is 2 CTAs along k only");
   static_assert(kClusterK_ == 1 || kConsumers_ * kAccRegs * 128 * 4 <= kStages_ * kStageBytes,
                 "a k-split cluster passes the fragments through the stage ring: they must fit in it");

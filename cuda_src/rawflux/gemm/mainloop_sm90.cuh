@@ -1,12 +1,12 @@
 // The sm_90a GEMM engine: persistent, warp-specialized, TMA -> shared-memory ring -> wgmma.
 //
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
-//     barrier with the stage's byte count and issues the TMA loads of A and B (in a cluster, its
-//     slice of each shared operand, multicast to the CTAs that share it: GemmCfg's rank layout).
+//     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
+//     cluster peer for the shared operand).
 //   warpgroups 1..kConsumers (232 registers requested; ptxas allocates within the launch's 168
 //     unless the accumulators alone need more: 128x320's SASS reaches R214, 128x256's stays under
-//     168 and spills before it goes past): wait for a full stage, issue 4 k16 steps of wgmma on it
-//     (one wgmma per step, two side by side along n when the warpgroup's N exceeds 256), wait for that group and
+//     168 and spills before it goes past): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
+//     two side by side along n when the warpgroup's N exceeds 256), wait for that group and
 //     release the stage to the producer(s) of the cluster (kWait0; the warpgroups' groups then
 //     alternate on the tensor pipe); after the last k block, split-K fix-up if any, then
 //     Epilogue::store (with a deferred C box, TmaStore::defer_boxes: all boxes but the last, which
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1);                                        // the local producer's arrive (+ bytes)
-      ptx::mbar_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kWriters);  // every consumer warp of the CTAs this producer writes into
+      ptx::mbar_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kMcastSize);  // every consumer warp of the CTAs sharing the stage
     }
     if constexpr (Cfg::kClusterK > 1) {
       ptx::mbar_init(&ksplit_bar[0], Cfg::kConsumers * 128);  // ring_free: the partner's consumer threads
@@ -277,13 +277,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         return sched.next(p, w);
       };
-      // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster): of
-      // A by its place along n, of B by its place along m (GemmCfg's rank layout).
-      const i32 a_slice = (i32)Cfg::rank_n(cta_rank) * Cfg::kBoxARows;
-      const i32 b_slice = (i32)Cfg::rank_m(cta_rank) * Cfg::kBoxBRows;
-      // Bytes a stage receives: the whole A tile (kClusterN slices, one from each CTA of this rm)
-      // and the whole B tile (kClusterM slices); A's box may be shorter than kBoxARows
-      // (GemmParams::a_box_rows), each of A's slices then by the same rows.
+      // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
+      const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
+      const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
+      // Bytes a stage receives: A's box may be shorter than kBoxARows (GemmParams::a_box_rows).
       const u32 stage_tx = p.a_box_rows > 0 ? (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - p.a_box_rows) * Cfg::kClusterN * Cfg::kRowBytes)
                                             : (u32)Cfg::kStageBytes;
       while (kDyn ? fetch() : sched.next(p, w)) {
@@ -305,7 +302,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           ptx::mbar_arrive_expect_tx(&full[stage], stage_tx);
           u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
           if constexpr (Cfg::kClusterN > 1) {
-            ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, Cfg::mask_a(Cfg::rank_m(cta_rank)));
+            ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
           } else {
             ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
           }
@@ -313,7 +310,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (Cfg::kBLayout == kLayoutNK) {
             const i32 n0 = w.tile_n * Cfg::kBN + b_slice;
             if constexpr (Cfg::kClusterM > 1) {
-              ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0, Cfg::mask_b(Cfg::rank_n(cta_rank)));
+              ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0, (u16)((1u << Cfg::kClusterSize) - 1));
             } else {
               ptx::tma_load_2d(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0);
             }
@@ -324,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               const i32 n0 = w.tile_n * Cfg::kBN + ch * 64;
               if constexpr (Cfg::kClusterM > 1) {
                 ptx::tma_load_2d_multicast(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0,
-                                           Cfg::mask_b(Cfg::rank_n(cta_rank)));
+                                           (u16)((1u << Cfg::kClusterSize) - 1));
               } else {
                 ptx::tma_load_2d(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0);
               }
@@ -398,15 +395,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // the stages; empty[s] follows full[] at 8 * (kStages + s)).
     const u32 bar_addr0 = a_base0 - a_off + kStages * Cfg::kStageBytes;
 
-    // Hands a consumed stage back to the producer of every CTA that wrote into it: lane l < kWriters
-    // of each consumer warp arrives on the empty barrier of writer l (GemmCfg::writer).
+    // Hands a consumed stage back to the producer of every CTA that wrote into it.
     auto release = [&](u32 s) {
-      if constexpr (Cfg::kWriters > 1) {
-        if (lane < (u32)Cfg::kWriters) {
+      if constexpr (Cfg::kMcastSize > 1) {
+        if (lane < (u32)Cfg::kMcastSize) {
           if constexpr ((kLoopAddr & 8) != 0) {
-            ptx::mbar_arrive_cluster_addr(bar_addr0 + 8u * (kStages + s), Cfg::writer(lane, cta_rank));
+            ptx::mbar_arrive_cluster_addr(bar_addr0 + 8u * (kStages + s), lane);
           } else {
-            ptx::mbar_arrive_cluster(&empty[s], Cfg::writer(lane, cta_rank));
+            ptx::mbar_arrive_cluster(&empty[s], lane);
           }
         }
       } else {

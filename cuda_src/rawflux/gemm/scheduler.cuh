@@ -2,9 +2,8 @@
 //
 // Data-parallel / split-K units: unit u (0 <= u < units) -> split = u / cluster_tiles, cluster
 // tile = u % cluster_tiles; a CTA takes units cluster_id, cluster_id + clusters, ... Cluster tiles
-// are (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile of it (rank
-// rm + kClusterM * rn: tile row rm, tile column rn), and all CTAs of a cluster walk the same units
-// (they share operand loads by multicast).
+// are (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile of it, and all
+// CTAs of a cluster walk the same units (they share operand loads by multicast).
 // Cluster tiles are visited in grouped ("swizzled") order so the operands of the tiles in flight
 // stay in L2: `group` tile-rows side by side, walked along n (or tile-columns along m).
 // Row-block rotation (for the fused collectives): tile rows start at segment `seg_start` of
@@ -41,12 +40,7 @@ struct TileSchedT {
   // The dynamic tile order (kDynSched) serves the plain GEMM only: the fused ops' tile order is
   // their protocol (chunk arrival, row rotation) and a k-split cluster takes one tile. Not for the
   // 128 x 320 tile either: with the ticket fetch in its tile loop ptxas spilled ~4 KB.
-  // Nor for a 2x2 cluster: the leader reuses a ticket slot once the CTAs that write into its stages
-  // have released a stage of a later tile. The diagonal CTA is not one of them: its consumers are
-  // held to the leader only through the other two CTAs' producers, up to 2 x kStages fills behind,
-  // which with one k block per tile is more than the ring's kIdSlots tickets (a slot overwritten unread).
-  static constexpr bool kDynamic = kDynSched && kStreamKPolicy && Cfg::kClusterK == 1 && Cfg::kWgmmaChunks == 1 &&
-                                   Cfg::kWriters == Cfg::kClusterSize;
+  static constexpr bool kDynamic = kDynSched && kStreamKPolicy && Cfg::kClusterK == 1 && Cfg::kWgmmaChunks == 1;
 
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
   // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
@@ -138,9 +132,8 @@ struct TileSchedT {
       w.kb_begin = (i32)cta_rank * p.kb_per_split;
       w.kb_end = min(p.k_blocks, w.kb_begin + p.kb_per_split);
     }
-    // This CTA's tile of the cluster tile: rank = rm + kClusterM * rn (GemmCfg::rank_m / rank_n).
-    w.tile_m = cm * Cfg::kClusterM + (i32)Cfg::rank_m(cta_rank);
-    w.tile_n = cn * Cfg::kClusterN + (i32)Cfg::rank_n(cta_rank);
+    w.tile_m = cm * Cfg::kClusterM + (Cfg::kClusterM > 1 ? (i32)cta_rank : 0);
+    w.tile_n = cn * Cfg::kClusterN + (Cfg::kClusterN > 1 ? (i32)cta_rank : 0);
     // Split-K slots are CTA tiles; stream-K slots count only the stream-K tiles (a smaller workspace).
     w.slot = sk_piece ? (cu - dp_tiles) * Cfg::kClusterSize + (i32)cta_rank : w.tile_m * p.tiles_n + w.tile_n;
     return true;
