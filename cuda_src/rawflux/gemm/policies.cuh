@@ -139,7 +139,7 @@ struct TmaStore {
 
   // Boxes of a fragment the kernel defers (0: none, and the kernel calls store()). Staged boxes
   // only; 128 accumulators leave room for one, and only in the 2-CTA cluster (the measured one):
-  // ptxas spills 20 bytes with it in 128x256 without a cluster and 8 in the 2x2 probe tile.
+  // ptxas spills 20 bytes with it in 128x256 without a cluster (and 8 in session 15's 2x2 probe).
   template <class Cfg>
   static constexpr int defer_boxes() {
     if constexpr (!kEpiDefer || !kWait0 || bufs<Cfg>() == 0 || Cfg::kAccRegs > 128 || Cfg::kClusterK > 1 ||
