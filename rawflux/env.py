@@ -80,8 +80,7 @@ def nvrtc_define_int(name: str, default: int) -> int:
 
 
 def wait_timeout_s() -> float:
-    """RAWFLUX_WAIT_TIMEOUT_S: bound on every device-side spin-wait (default 10 s), and on the
-    fused ops' host waits (the first call's agreement adds the rank's own compile time)."""
+    """RAWFLUX_WAIT_TIMEOUT_S: bound on every device-side spin-wait (default 10 s)."""
     raw = os.environ.get("RAWFLUX_WAIT_TIMEOUT_S")
     return float(raw) if raw else 10.0
 

@@ -25,8 +25,6 @@ caller's stream. Ranks must therefore issue their calls in the same order, each 
 is ordered after the previous call (the same stream, or one synchronised with it).
 
 A call, in the order the ops issue it (s: the caller's stream):
-    ... plan, kernels compiled and loaded ...
-    op.agree_plan(fields, resolve_s) # first call with these fields only: bounded host agreement
     op.begin(s, fields)              # checks, raise_if_failed, RAWFLUX_DEBUG comparison
     op.publish_meta(s, fields)       # right before the call's last barrier
     op.barrier(s)
@@ -35,20 +33,6 @@ A call, in the order the ops issue it (s: the caller's stream):
     op.check_meta(side[0])           # off the critical path
     op.join(s)                       # before returning: capturable, and the next call's barrier
                                      # then covers this call's side work
-
-The first call with a new shape (``agree_plan``): on a cold kernel cache it compiles its kernels
-with NVRTC on every rank, and compile times differ from rank to rank (8 ranks compiling on one
-host's cores). A fast rank would enter the device-side barrier while a slow one still compiles,
-and the device waits' bound (RAWFLUX_WAIT_TIMEOUT_S) could fire with no peer at fault. So each op
-resolves everything a new shape launches first, then the ranks agree on the call's fields over
-MPI (bounded, host only) before anything is issued: the device waits start with every rank's
-kernels loaded, and a first call made with different shapes raises ValueError on every rank,
-naming each rank's values, before any launch. Every rank makes its first call with a shape at
-the same call (the collective contract), so the allgather is matched; later calls with that shape
-skip it (no host collective in the steady state). The agreement issues no stream work, so a first
-call inside a graph capture stays capturable, but it blocks the host until every rank reaches
-it, and the compile in it may stall the capture: make the first call with a shape before
-capturing.
 
 Device errors are sticky: once a wait timed out or a mismatch was found, the group is aborted
 (every later wait fails fast) and must be rebuilt (rawflux.finalize(); rawflux.init()).
@@ -87,21 +71,6 @@ DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5
 # op id -> (op name, names of the op-defined metadata fields), filled by CollectiveOp subclasses
 _FIELD_NAMES: dict[int, tuple[str, tuple[str, ...]]] = {}
 
-# First word of a host call record: which host check sent it. The first-call agreement and the
-# RAWFLUX_DEBUG comparison share one communicator and one record size, so a rank in one while a
-# peer is in the other (their calls diverged) reads as a mismatch, never as a truncated message.
-CHECK_PLAN, CHECK_DEBUG = 1, 2
-_CHECK_NAMES = {CHECK_PLAN: "first call with a new shape", CHECK_DEBUG: "RAWFLUX_DEBUG=1 call check"}
-RECORD_HEAD = ("check", "op", "op object")
-RECORD_WORDS = len(RECORD_HEAD) + META_FIELDS_MAX
-
-
-def call_record(check: int, op_id: int, uid: int, fields: tuple[int, ...]) -> tuple[int, ...]:
-    """The ints a host check exchanges: (check, op id, op object, fields padded to 14 words)."""
-    if len(fields) > META_FIELDS_MAX:
-        raise ValueError(f"{len(fields)} call fields; at most {META_FIELDS_MAX}")
-    return (int(check), int(op_id), int(uid)) + tuple(int(x) for x in fields) + (0,) * (META_FIELDS_MAX - len(fields))
-
 
 def describe_failure(rec) -> CollectiveTimeout:
     """The exception for a failed Status record (timeouts, aborts, and call mismatches)."""
@@ -125,8 +94,6 @@ def describe_failure(rec) -> CollectiveTimeout:
 
 
 def _fmt_field(name: str, value: int) -> str:
-    if name == "check":
-        return _CHECK_NAMES.get(value, str(value))
     if name == "dtype":
         for dt, code in DTYPE_CODE.items():
             if code == value:
@@ -210,7 +177,6 @@ class CollectiveOp:
         self._join_events: list[int] = []
         self._meta = None
         self._kernels: dict[str, object] = {}
-        self._agreed: set[tuple[int, ...]] = set()  # call fields every rank has agreed on (agree_plan)
         self.calls = 0  # calls made on this rank (host count, for messages and tests)
         if self.world > 1:
             self._group_ctrl = g.group_ctrl_ptr  # raises a clear DistError when the group has no P2P
@@ -283,27 +249,6 @@ class CollectiveOp:
         if self.group.closed:
             raise DistError(f"the group of this {self.OP_NAME} op object is closed; build a new op after rawflux.init()")
 
-    def is_new_shape(self, fields: tuple[int, ...]) -> bool:
-        """True for this op object's first call with these fields (world > 1): the call must
-        resolve its kernels and then agree_plan() before issuing anything. One set look-up."""
-        return self.world > 1 and fields not in self._agreed
-
-    def agree_plan(self, fields: tuple[int, ...], resolve_s: float = 0.0) -> None:
-        """The first call with ``fields``, after its kernels are compiled and loaded and before
-        any launch: every rank's (op, op object, fields) through a bounded allgather (see the
-        module docstring). ValueError on every rank when they differ; CollectiveTimeout when a peer
-        does not arrive within the group's wait timeout plus ``resolve_s``, this rank's own time
-        resolving the call (the peers compile the same kernels, so compile skew is of that order;
-        with a warm cache the bound is the device waits' own). Later calls with ``fields`` skip it."""
-        if not self.is_new_shape(fields):
-            return
-        self._check_open()
-        rec = call_record(CHECK_PLAN, self.OP_ID, self.uid, fields)
-        bound = self.group.timeout_s + max(0.0, float(resolve_s))
-        why = f"the group's wait timeout {self.group.timeout_s:.1f} s + {resolve_s:.1f} s this rank spent compiling and loading"
-        agree_first_call(self.group, f"{self.OP_NAME} call #{self.calls + 1}", self.META_FIELDS, rec, bound, why)
-        self._agreed.add(fields)
-
     def begin(self, stream: int, fields: tuple[int, ...]) -> None:
         """Start of a call, before any launch: the object is usable, no earlier device wait
         failed, and (RAWFLUX_DEBUG=1) every rank makes the same call."""
@@ -317,15 +262,15 @@ class CollectiveOp:
     def _debug_compare(self, fields: tuple[int, ...]) -> None:
         """Every rank's (op, op object, fields) through a bounded allgather: a rank that does not
         make the call yields CallMismatch after the group's timeout, never a hang."""
-        vals = call_record(CHECK_DEBUG, self.OP_ID, self.uid, fields)
+        vals = (int(self.OP_ID), int(self.uid)) + tuple(fields) + (0,) * (META_FIELDS_MAX - len(fields))
         metas = bounded_allgather(self.group, vals, f"{self.OP_NAME} call #{self.calls + 1} metadata (RAWFLUX_DEBUG=1 check)")
         if any(m != metas[0] for m in metas):
-            names = RECORD_HEAD + tuple(self.META_FIELDS)
+            names = ("op", "op object") + tuple(self.META_FIELDS)
             groups: dict[tuple, list[int]] = {}
             for q, m in enumerate(metas):
                 groups.setdefault(m[: len(names)], []).append(q)
             lines = "; ".join(
-                f"ranks {ranks}: " + ", ".join(f"{n}={_fmt_field(n, v)}" for n, v in zip(names, m))
+                f"ranks {ranks}: " + ", ".join(f"{n}={_fmt_field(n, v) if n != 'op' else OP_NAMES.get(v, v)}" for n, v in zip(names, m))
                 for m, ranks in groups.items()
             )
             raise CallMismatch(f"{self.OP_NAME}: ranks disagree on the call (RAWFLUX_DEBUG=1 check): {lines}")
@@ -443,15 +388,11 @@ class _PrivateComm:
 _private: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _bounded(req, timeout_s: float, what: str, error=None) -> None:
-    """Poll ``req`` until it completes; after ``timeout_s`` raise ``error(timeout_s)`` (default: the
-    CallMismatch of a call that not every rank made)."""
+def _bounded(req, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not req.Test():
         if time.monotonic() > deadline:
             _abandoned.append(req)  # a collective cannot be cancelled; keep it alive
-            if error is not None:
-                raise error(timeout_s)
             raise CallMismatch(
                 f"{what}: not every rank joined within {timeout_s:.1f} s. Every rank must make the same "
                 "calls with the same shapes (a call that needs larger buffers on one rank only cannot "
@@ -463,16 +404,15 @@ def _bounded(req, timeout_s: float, what: str, error=None) -> None:
 _abandoned: list = []
 
 
-def bounded_allgather(group, value, what: str, timeout_s: float | None = None, error=None) -> list:
-    """allgather of a tuple of ints over a private duplicate of the group's communicator, giving
-    up after ``timeout_s`` (default: the group's wait timeout) with ``error(timeout_s)`` if given,
-    else CallMismatch. Every rank must pass the same number of ints."""
+def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -> list:
+    """allgather of a small picklable value over a private duplicate of the group's communicator,
+    giving up with CallMismatch after ``timeout_s`` (default: the group's wait timeout)."""
     timeout_s = float(group.timeout_s if timeout_s is None else timeout_s)
     priv = _private.get(group)
     if priv is None:
         priv = _PrivateComm()
         comm, req = group.comm.Idup()
-        _bounded(req, timeout_s, f"{what} (communicator setup)", error)
+        _bounded(req, timeout_s, f"{what} (communicator setup)")
         priv.comm = comm
         _private[group] = priv
     comm = priv.comm
@@ -480,40 +420,8 @@ def bounded_allgather(group, value, what: str, timeout_s: float | None = None, e
     vals = np.asarray(value, dtype=np.int64).reshape(-1)
     out = np.zeros((comm.Get_size(), vals.size), dtype=np.int64)
     req = comm.Iallgather(vals, out)
-    _bounded(req, timeout_s, what, error)
+    _bounded(req, timeout_s, what)
     return [tuple(int(x) for x in row) for row in out]
-
-
-def agree_first_call(group, what: str, field_names: tuple[str, ...], record: tuple[int, ...], timeout_s: float,
-                     why_bound: str = "") -> None:
-    """Bounded host agreement on a first call's ``record`` (call_record(CHECK_PLAN, ...)) across
-    the group's ranks; returns once every rank sent the same one. Raises ValueError on every rank,
-    naming each rank's values of the fields that differ, and CollectiveTimeout when a peer does not
-    arrive within ``timeout_s``. No stream work (capture-safe); ``what`` names the op and call."""
-    names = RECORD_HEAD + tuple(field_names)
-    shape = ", ".join(f"{n}={_fmt_field(n, v)}" for n, v in zip(names, record) if n not in RECORD_HEAD)
-
-    def late(bound: float) -> CollectiveTimeout:
-        return CollectiveTimeout(
-            f"{what}: a peer did not arrive within {bound:.1f} s ({why_bound or 'the bound'}) at the agreement that "
-            f"precedes the first call with a new shape ({shape}). This rank compiled and loaded the call's kernels "
-            "and issued nothing; a peer still compiling, or one that skipped this call or made it with a shape it had "
-            "used before, is late. Every rank must make the same calls in the same order; the group must be rebuilt "
-            "(rawflux.finalize(), then rawflux.init())"
-        )
-
-    got = bounded_allgather(group, record, f"{what} first-call agreement", timeout_s=timeout_s, error=late)
-    if all(r == got[0] for r in got):
-        return
-    differ = [i for i in range(len(record)) if len({r[i] for r in got}) > 1]
-    label = [names[i] if i < len(names) else f"word {i}" for i in range(len(record))]
-    ranks = "; ".join(f"rank {q}: " + ", ".join(f"{label[i]}={_fmt_field(label[i], r[i])}" for i in differ)
-                      for q, r in enumerate(got))
-    raise ValueError(
-        f"{what}: ranks made this call with different arguments ({ranks}). Found before any launch, by the "
-        "agreement that precedes the first call with a new shape; every rank must make the same collective calls "
-        "in the same order with the same shapes"
-    )
 
 
 class OpCache:
@@ -572,7 +480,6 @@ def _round_up(x: int, to: int) -> int:
 
 
 __all__ = [
-    "CHECK_DEBUG", "CHECK_PLAN", "CallMismatch", "CollectiveOp", "CollectiveTimeout", "DTYPE_CODE", "META_FIELDS_MAX",
-    "OpCache", "STATE_CALL_MISMATCH", "agree_first_call", "bounded_allgather", "call_record", "check_capacity",
-    "check_divisible", "describe_failure", "is_capturing", "resolve_group",
+    "CallMismatch", "CollectiveOp", "DTYPE_CODE", "META_FIELDS_MAX", "OpCache", "STATE_CALL_MISMATCH",
+    "bounded_allgather", "check_capacity", "check_divisible", "describe_failure", "is_capturing", "resolve_group",
 ]

@@ -38,11 +38,6 @@ VIEW of this rank's symmetric buffer (no copy), valid until the next call of the
 ``gathered_out=`` the gathered A is copied there (after the GEMM, on the call's stream). At world 1
 the gathered A is a_shard itself.
 
-First call with a given m: it compiles its kernels (on a cold cache), then waits, on the host and
-bounded, until every rank has done so (CollectiveOp.agree_plan), so one rank's slower compile never
-runs into the peers' device waits; ranks whose first calls differ (another m_local) all raise
-ValueError, naming each rank's value, before any launch. Make it before capturing a CUDA graph.
-
 Errors: every bad argument raises before any launch. A rank that calls with another shape, another
 op object, or not at all makes the others fail within RAWFLUX_WAIT_TIMEOUT_S (device-side bounded
 waits and a device-side comparison of the call records); the error (CollectiveTimeout or its
@@ -53,7 +48,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 from dataclasses import dataclass, replace
 
 from .. import env, tune
@@ -410,19 +404,9 @@ class AGGemm(CollectiveOp):
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
             cfg = replace(config, splits=1, stream_k=False, ctas=ctas)
-        new_shape = self.is_new_shape(fields)
-        t0 = time.perf_counter() if new_shape else 0.0
-        with self._device():
-            # The GEMM's kernel compiled and loaded before this rank issues anything (the small
-            # kernels were loaded at construction): no compile while this rank's barrier spins.
-            gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
-        if new_shape:
-            # First call with this m: the ranks' compile times differ, so wait (bounded, on the
-            # host) until every rank has its kernels before any device wait starts.
-            self.agree_plan(fields, time.perf_counter() - t0)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
-            self._run(s, ta, tb, m_loc, gemm, fields)
+            self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)
             if tg is not None:
                 from cupy.cuda import runtime
 
@@ -453,8 +437,7 @@ class AGGemm(CollectiveOp):
             return res
         return res, (gathered_out if gathered_out is not None else ta.obj)
 
-    def _run(self, s: int, ta, tb, m_loc: int, gemm, fields) -> None:
-        """Issue the call's schedule; ``gemm``: _prepare_gemm's result (resolved before begin)."""
+    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: G.GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
         from cupy.cuda import runtime
 
         rank, world = self.rank, self.world
@@ -462,6 +445,7 @@ class AGGemm(CollectiveOp):
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
         gath, ready = self._gath, self._ready
         meta = self.meta_fields(fields)
+        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
         sides: list[int] = []
         for st in schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))):
             kind = st.kind

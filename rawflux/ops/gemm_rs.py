@@ -27,20 +27,15 @@ How (cuda_src/rawflux/fused/rs_scatter.cuh, rs_reduce.cuh):
     with CallMismatch, a missing rank with CollectiveTimeout, within RAWFLUX_WAIT_TIMEOUT_S.
   * world 1: no communication, the plain GEMM stores straight into out.
 
-The first call with a given m compiles its kernels (on a cold cache) and then waits, on the host
-and bounded, until every rank has done so (CollectiveOp.agree_plan): a mismatched m is a
-ValueError on every rank before any launch, and one rank's slower compile never runs into the
-peers' device waits. Capturable in a CUDA graph (pass ``out=``; make the first call with a given m
-before capturing: it compiles, and its agreement blocks the host until every rank reaches it).
-``GemmRS`` is sized once (symmetric buffers at construction, nothing allocated per call);
-``gemm_rs`` caches one GemmRS per (n, k, dtype, layout, partials) and group.
+Capturable in a CUDA graph (pass ``out=``; the first call with a given m compiles its kernels, so
+make it before capturing). ``GemmRS`` is sized once (symmetric buffers at construction, nothing
+allocated per call); ``gemm_rs`` caches one GemmRS per (n, k, dtype, layout, partials) and group.
 """
 from __future__ import annotations
 
 import ctypes
 import struct
 import threading
-import time
 from dataclasses import dataclass, replace
 
 from .. import env, tune
@@ -388,8 +383,7 @@ class GemmRS(CollectiveOp):
         return p
 
     def warmup(self, ms) -> None:
-        """Compile and load the kernels for calls of these m (do it before a graph capture). Not
-        collective: the first call with each m still runs the ranks' agreement (agree_plan)."""
+        """Compile and load the kernels for calls of these m (do it before a graph capture)."""
         for m in ms:
             p = self.plan(int(m))
             if self.world > 1:
@@ -420,18 +414,11 @@ class GemmRS(CollectiveOp):
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         p = self.plan(m)
         if world > 1:
-            new_shape = self.is_new_shape(p.fields)
-            t0 = time.perf_counter() if new_shape else 0.0
             # The GEMM's kernel compiled and loaded before this rank issues anything: a compile
             # after the barrier would hold every peer's flag wait for as long (a 10 s timeout in
-            # session 13's loop of 1000 calls, whose m sweeps through several tiles). The reduce
-            # and call-record kernels were loaded at construction.
+            # session 13's loop of 1000 calls, whose m sweeps through several tiles).
             gplan = _gemm._plan(p.cfg, m, n, k, dt, self.b_layout, PARTIALS[self.partials][2], s, dev, KERNEL_FILE,
                                 _gemm.FUSED_SCHED, "rawflux::NoWait", scatter_epilogue(self.partials), world, p.seg_start)
-            if new_shape:
-                # First call with this m: the ranks' compile times differ, so wait (bounded, on the
-                # host) until every rank has its kernels before any device wait starts.
-                self.agree_plan(p.fields, time.perf_counter() - t0)
         self.begin(s, p.fields)
         if world == 1:
             self._local_gemm(ta, tb, tc, bias_ptr, bias_kind, lda, ldb, s)

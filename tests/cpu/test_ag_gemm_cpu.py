@@ -428,40 +428,10 @@ class _Status:
     failed = False
 
 
-class _Req:
-    def __init__(self, done):
-        self.done = done
-
-    def Test(self):
-        return self.done
-
-
-class _Comm:
-    """mpi4py stand-in for the ops' host agreements (bounded_allgather): peer q sends
-    ``peers[q]`` (default: the same as this rank); with ``arrive=False`` a peer never comes (the
-    request never completes). Each allgather is logged as ("agree", what this rank sent)."""
-
-    def __init__(self, rank, world, log, peers=None, arrive=True):
-        self.rank, self.world, self.log, self.peers, self.arrive = rank, world, log, dict(peers or {}), arrive
-
-    def Idup(self):
-        return self, _Req(True)
-
-    def Get_size(self):
-        return self.world
-
-    def Iallgather(self, send, recv):
-        self.log.append(("agree", tuple(int(x) for x in send)))
-        for q in range(self.world):
-            recv[q] = send if q == self.rank or q not in self.peers else self.peers[q]
-        return _Req(self.arrive)
-
-
 class _Group:
     def __init__(self, rank, world, log):
         self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
         self.log, self._n = log, 0
-        self.comm = _Comm(rank, world, log)
         self.group_ctrl_ptr = 0x5000_0000
         self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
         self.status = _Status()

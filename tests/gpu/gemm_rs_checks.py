@@ -19,9 +19,7 @@ Checks (every one can fail; fresh random inputs, outputs poisoned with NaN befor
                output checked on the device against c * S[rows] (+ bias), S precomputed;
   graph        capture one call in a CUDA graph, 100 replays with fresh inputs, all checked;
   missing_rank one rank skips a call: the others raise CollectiveTimeout within the timeout;
-  mismatch     rank 0 calls with another m: as a first call with that m every rank raises ValueError
-               naming each rank's m before any launch; once every rank has used both m, every rank
-               raises CallMismatch naming m; in seconds;
+  mismatch     rank 0 calls with another m: every rank raises CallMismatch naming m, in seconds;
   perf.*       timing lines (world 1: gemm_rs / rawflux.gemm <= 1.02 at m >= 1024 is a check).
 Diagnostics on failure: per-rank errors, worst element, the Status record, the plan (tile, grid).
 """
@@ -476,10 +474,7 @@ def check_missing_rank(comm, timeout_s: float) -> Check:
 
 
 def check_mismatch(comm, timeout_s: float) -> Check:
-    """Rank 0 calls with another m. As the first call with that shape: every rank raises ValueError
-    naming each rank's m (the host agreement before any launch) and the group stays usable. Once
-    every rank has used both shapes: every rank raises CallMismatch naming m (the device-side call
-    check). Both within seconds."""
+    """Rank 0 calls with another m: every rank raises CallMismatch naming m, within seconds."""
     import cupy
 
     import rawflux.dist as dist
@@ -491,50 +486,34 @@ def check_mismatch(comm, timeout_s: float) -> Check:
         return Check("mismatch", True, "needs 2 ranks", skipped=True)
     g = dist.init(comm.Dup(), timeout_s=timeout_s)
     r = g.rank
-    m_small, m_big, n, k = W * 32, W * 64, 256, 128
-    m = m_small if r == 0 else m_big
-    problems = []
+    m_big, n, k = W * 64, 256, 128
+    m = W * 32 if r == 0 else m_big
     with cupy.cuda.Device(g.device_id):
         s = cupy.cuda.Stream(non_blocking=True)
         with s:
-            a_big = dev_from_f32(cupy.ones((m_big, k), cupy.float32), "bf16")
+            a = dev_from_f32(cupy.ones((m, k), cupy.float32), "bf16")
             b = dev_from_f32(cupy.ones((n, k), cupy.float32), "bf16")
-            out_big = empty16((m_big // W, n), "bf16")
-        a = {m_big: a_big, m_small: a_big[:m_small]}
-        out = {m_big: out_big, m_small: out_big[:m_small // W]}
+            out = empty16((m // W, n), "bf16")
         op = GemmRS(g, m_big, n, k, "bf16")
-        op.warmup([m])  # not collective: the first call below still agrees across ranks
+        op.warmup([m])
         comm.Barrier()
-
-        def mismatched_call():
-            t0 = time.perf_counter()
-            try:
-                op(a[m], b, out=out[m], stream=s)
-                op.synchronize(s)
-                return None, "", time.perf_counter() - t0
-            except (ValueError, dist.CollectiveTimeout) as e:
-                return type(e).__name__, str(e), time.perf_counter() - t0
-
-        first, first_msg, first_took = mismatched_call()
-        if first != "ValueError" or f"rank 0: m={m_small}" not in first_msg or f"rank 1: m={m_big}" not in first_msg \
-                or first_took > timeout_s + 8.0:
-            problems.append(f"first call: {first} after {first_took:.2f} s: {first_msg[:300]}")
-        else:
-            for mm in (m_small, m_big):  # both shapes on every rank: agreed, and the group is fine
-                op(a[mm], b, out=out[mm], stream=s)
+        raised, msg = None, ""
+        t0 = time.perf_counter()
+        try:
+            op(a, b, out=out, stream=s)
             op.synchronize(s)
-            comm.Barrier()
-            raised, msg, took = mismatched_call()
-            if raised != CallMismatch.__name__ or "m: rank" not in msg or took > timeout_s + 8.0:
-                problems.append(f"later call: {raised} after {took:.2f} s: {msg[:300]}")
+        except CallMismatch as e:
+            raised, msg = "CallMismatch", str(e)
+        except dist.CollectiveTimeout as e:
+            raised, msg = type(e).__name__, str(e)
+        took = time.perf_counter() - t0
         comm.Barrier()
-    ok = not problems
-    detail = f"rank 0 m={m_small}, others m={m_big}"
-    if r == 0 and ok:
-        detail += (f"; rank 0, first call: ValueError after {first_took:.2f} s: {first_msg[:200]}; "
-                   f"later call: {raised} after {took:.2f} s: {msg[:200]}")
+    ok = raised == "CallMismatch" and "m: rank" in msg and took < timeout_s + 8.0
+    detail = f"rank 0 m={W * 32}, others m={m_big}"
+    if r == 0:
+        detail += f"; rank 0: {raised} after {took:.2f} s: {msg[:300]}"
     if not ok:
-        detail = f"rank {r}: " + "; ".join(problems)
+        detail = f"rank {r}: raised {raised} after {took:.2f} s: {msg[:300]}"
     return Check("mismatch", ok, detail)
 
 
