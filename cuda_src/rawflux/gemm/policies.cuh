@@ -138,12 +138,14 @@ struct TmaStore {
   static constexpr int kBoxRegs = 16;  // a 64 x 64 box of 16-bit C over 128 threads: 16 packed pairs each
 
   // Boxes of a fragment the kernel defers (0: none, and the kernel calls store()). Staged boxes
-  // only; 128 accumulators leave room for one, and only in the 2-CTA cluster (the measured one):
-  // ptxas spills 20 bytes with it in 128x256 without a cluster (and 8 in session 15's 2x2 probe).
+  // only; 128 accumulators leave room for one, and only in the 2-CTA cluster (the measured one)
+  // of the default build: ptxas spills with it in 128x256 without a cluster (20 bytes), with the
+  // development builds' extra registers (RAWFLUX_TRACE, RAWFLUX_DYN_SCHED: 8) and in session 15's
+  // 2x2 probe (8).
   template <class Cfg>
   static constexpr int defer_boxes() {
     if constexpr (!kEpiDefer || !kWait0 || bufs<Cfg>() == 0 || Cfg::kAccRegs > 128 || Cfg::kClusterK > 1 ||
-                  (Cfg::kAccRegs == 128 && Cfg::kClusterSize != 2)) {
+                  (Cfg::kAccRegs == 128 && (Cfg::kClusterSize != 2 || kTrace || kDynSched))) {
       return 0;
     } else {
       return 1;
