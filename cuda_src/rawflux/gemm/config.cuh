@@ -113,7 +113,7 @@ constexpr int kProbe = RAWFLUX_PROBE;
 // tile; the box is staged and stored between the wgmma issue and wait of that tile's first k block,
 // while the tensor pipe runs, where it waited with the pipe idle for the store that last read its
 // staging buffer. Only where TmaStore::defer_boxes says ptxas has room beside the accumulators
-// (128x256 with a cluster, 128x192, 64-row tiles). Measured on the H200 (three A/B runs, m
+// (128x256 with a cluster, 128x192, 64x256, 64x128). Measured on the H200 (three A/B runs, m
 // 1024-8192 on the five bar shapes; benchmarks/results/gemm-variants-2026-11-30-s15): median ratio
 // to cuBLAS +0.3 to +0.5 points, output bits unchanged; two deferred boxes spill, and boxes stored
 // from registers instead of staged gained nothing. 0: every box at the tile's end.
