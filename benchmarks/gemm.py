@@ -60,6 +60,12 @@ def _compile_one(v) -> str:
     return ""
 
 
+def input_sets(m: int, n: int, k: int, elem_bytes: int = 2) -> int:
+    """How many (A, B, C) input sets to rotate through so the working set is about three times L2
+    (2 to 8 sets): consecutive calls then find no operand in L2."""
+    return max(2, min(8, math.ceil(3 * L2_BYTES / (elem_bytes * (m * k + n * k + m * n)))))
+
+
 def bench(fn, nsets: int, reps: int, warmup: int = 5) -> float:
     """Median milliseconds of fn(i) over reps calls, each between its own pair of events."""
     return bench_many([fn], nsets, reps, warmup)[0]
@@ -195,8 +201,7 @@ def main(argv=None) -> int:
         rdt = {"bf16": DType.BF16, "f16": DType.F16}[dt]
         for n, k in shapes:
             for m in ms:
-                set_bytes = 2 * (m * k + n * k + m * n)
-                nsets = max(2, min(8, math.ceil(3 * L2_BYTES / set_bytes)))
+                nsets = input_sets(m, n, k)
                 sets = []
                 for _ in range(nsets):
                     a = torch.randn(m, k, device="cuda", dtype=tdt)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from gemm import L2_BYTES
+    from gemm import input_sets
 
     from rawflux.ops import gemm as g
 
@@ -70,7 +69,7 @@ def main(argv=None) -> int:
 
     for shape in args.shapes.split(","):
         m, n, k = (int(x) for x in shape.split("x"))
-        nsets = max(2, min(8, math.ceil(3 * L2_BYTES / (2 * (m * k + n * k + m * n)))))
+        nsets = input_sets(m, n, k)
         a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
         b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
         o = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from gemm import L2_BYTES, bench_many
+    from gemm import bench_many, input_sets
 
     from rawflux import tune
     from rawflux.ops import gemm as g
@@ -62,8 +62,7 @@ def main(argv=None) -> int:
         nw = waves(m, n, cfg.tile.bm, cfg.tile.bn, sms)
         per_wave = {"rawflux": [], "torch": []}
         for k in (int(x) for x in args.ks.split(",")):
-            set_bytes = 2 * (m * k + n * k + m * n)
-            nsets = max(2, min(8, math.ceil(3 * L2_BYTES / set_bytes)))
+            nsets = input_sets(m, n, k)
             a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
             o = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
