@@ -4,7 +4,7 @@ the fastest). CPU only; the SM count is the H200's unless given.
 
     PYTHONPATH=. python benchmarks/gemm_model_regret.py [--data FILE ...] [--sms 132] [--show 1.03]
 
-Inputs (default: the sweeps of sessions 12-13 under benchmarks/results/):
+Inputs (default: the sweeps and moved-pick A/Bs of sessions 12-17 under benchmarks/results/):
 - sweep files of benchmarks/gemm.py --sweep ({"sweep": [{m, n, k, config, ms}, ...]});
 - moved-pick A/B files ({"rows": [{m, n, k, old, new, old_ms, new_ms}, ...]}).
 A config's raster (g8m / g8n) is ignored: the heuristic sets it after the pick. Session 13's refit
@@ -26,7 +26,9 @@ DEFAULT_DATA = [
     RESULTS / "gemm-variants-2026-11-29-s12" / f for f in
     ("r3-sweep-small-m.json", "r4-sweep-large-m.json", "r5-sweep-m64-128-a.json", "r5-sweep-m64-128-b.json")
 ] + [RESULTS / "gemm-variants-2026-11-30-s13" / f for f in ("r1-0005-moved-picks.json", "r6-refit-moved-picks.json")] + [
-    RESULTS / "gemm-variants-2026-11-30-s14" / f for f in ("r1-sweep-64x96-a.json", "r1-sweep-64x96-b.json", "r2-moved-picks.json")]
+    RESULTS / "gemm-variants-2026-11-30-s14" / f for f in ("r1-sweep-64x96-a.json", "r1-sweep-64x96-b.json", "r2-moved-picks.json")] + [
+    # session 17: A's tail box (kernel change) makes ragged m faster; r2 re-sweeps m = 96, 192, 320
+    RESULTS / "gemm-variants-2026-11-30-s17" / f for f in ("r1-moved-picks.json", "r2-sweep-ragged.json", "r3-moved-picks.json")]
 
 
 def _canon(tag: str) -> str:

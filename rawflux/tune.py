@@ -147,7 +147,10 @@ TILES: dict[TileConfig, float] = {
     # the k-split pair). cuBLAS itself runs a 96-column tile there. With rate 0.70 the model picks
     # it at those two points of the bar grid, and at 8 of 24 smaller shapes swept off the grid (6
     # faster than the previous pick, 2 slower: m = 192; benchmarks/results/gemm-variants-2026-11-29-s11).
-    _tile(128, 96): 0.70,
+    # 0.70 -> 0.80, with PULL_SCALE 1.2 (session 17): one wave of 128x96 CTAs (m = 256, 6144x12288;
+    # m = 384, 12288x6144) runs near 128x256's flop rate and pulls ~95 GB/s per SM; the old rate put
+    # the 2x1 pair with split-K there, measured 5-15 % slower (gemm-variants-2026-11-30-s17).
+    _tile(128, 96): 0.80,
     # 128x224 (cluster 2x1, session 9): where n = 28672 is cut in 128 columns of tiles, its waves
     # quantize best at small m (m = 512: 512 tiles, 3.9 waves, against 2.7 for 128x320). Measured
     # there: 0.944-0.950 of cuBLAS at m = 512 (128x320: 0.909-0.912) and 1.03-1.05 at m = 256
@@ -336,14 +339,16 @@ def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
 # 8192x8192 (~100 GB/s; its 40 KB stages keep more bytes in flight per TMA issue). 64x96's 20 KB
 # stages keep fewer: ~50 GB/s per CTA where 64x128 pulls ~60 (m = 1-64, 6144x12288, session 14).
 # Session 14 refit PULL_SCALE (64x96), DRAM_SM_OVERLAP (0.2 before), B_OOB_FILL_COST and the
-# fix-up rate on its sweeps and A/B (docs/gemm-notes.md, session 14).
-PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25, (64, 96): 0.85}
+# fix-up rate on its sweeps and A/B (docs/gemm-notes.md, session 14). 128x96's 8 stages of 28 KB:
+# ~95 GB/s per CTA in one wave of 128 (m = 256, 6144x12288, session 17), 1.2 by the regret scan.
+PULL_SCALE: dict[tuple[int, int], float] = {(64, 256): 1.25, (64, 96): 0.85, (128, 96): 1.2}
 # The part of a wave's shorter bound (SM time or DRAM time) that adds to its longer one: with 0 the
 # configs at the DRAM floor tie and the pick among them is arbitrary.
 DRAM_SM_OVERLAP = 0.3
 # What a row of A past m costs the pull, against a loaded row: the TMA unit zero-fills it, and that
 # is slower than loading (128x128 at m = 192, 8192x8192: >= 64 us, against 49 us at m = 256). Only
-# in a ragged last tile row: a problem smaller than one A box loads m rows (a_box_rows).
+# with A multicast (cluster_n > 1), which no compiled tile has: a problem smaller than one A box
+# loads m rows (a_box_rows), a ragged last tile row its own rows (a_tail_rows).
 OOB_FILL_COST = 1.5
 # The same for B's rows past n in the last tile column (its box is never cut). Fit lower than A's:
 # 1.5 moved m = 640 picks off 128x192 (28672 = 149.3 x 192) to tiles measured 8-16 % slower.
@@ -363,11 +368,30 @@ def a_box_rows(t: TileConfig, m: int) -> int:
     return min(t.bm // t.cluster_n, _cdiv(m, 8) * 8)
 
 
+def a_tail_rows(t: TileConfig, m: int) -> int:
+    """Rows of A's tail box (GemmParams::a_tail_rows, the kernel's tmap_a_tail), which a tile row
+    short of a box loads instead of a full box whose rows past m the TMA unit would zero-fill
+    (session 17: m = 192 on 128x96 ran 83 us with the full box, 66 with the tail box):
+    - a ragged last tile row where m spans more than one box: its rows, rounded up to 8;
+    - else, with clusters along m and an odd count of tile rows, the cluster's idle CTA (its tile
+      wholly past m) zero-fills 8 rows instead of a box;
+    - else 0 (no tail map). Also 0 with A multicast (cluster_n > 1: the box is split between CTAs)."""
+    if t.cluster_n > 1:
+        return 0
+    tiles = _cdiv(m, t.bm)
+    tail = m - (tiles - 1) * t.bm
+    if m > t.bm and tail < t.bm:
+        return _cdiv(tail, 8) * 8
+    return 8 if tiles % t.cluster_m else 0
+
+
 def _a_pull_rows(m: int, t: TileConfig) -> float:
     """Rows of A one CTA's box pulls per k block, in loaded-row units, for the slowest tile row."""
     box = t.bm // t.cluster_n
     if m < box:
         return float(a_box_rows(t, m))
+    if t.cluster_n == 1:
+        return float(box)  # a ragged last row loads its own rows (a_tail_rows): a whole row is the slowest
     tail = m - (_cdiv(m, t.bm) - 1) * t.bm  # valid rows of the last tile row
     oob = max(0, box - tail) if tail < t.bm else 0
     return box - oob + OOB_FILL_COST * oob

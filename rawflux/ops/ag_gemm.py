@@ -516,11 +516,12 @@ class AGGemm(CollectiveOp):
                                    timeout_ns=self.pipeline_timeout_ns())
             self._params[key] = params
         tmap_a = G.tensor_map(self._gath.ptr, dt, m, k, k, plan.box_a[0], plan.box_a[1])
+        tmap_a_tail = G.tensor_map(self._gath.ptr, dt, m, k, k, plan.a_tail, plan.box_a[1]) if plan.a_tail else tmap_a
         if self.b_layout == "nk":
             tmap_b = G.tensor_map(tb.ptr, dt, n, k, ldb, plan.box_b[0], plan.box_b[1])
         else:
             tmap_b = G.tensor_map(tb.ptr, dt, k, n, ldb, plan.box_b[0], plan.box_b[1])
-        return plan, (tmap_a, tmap_b, params, pro, epi)
+        return plan, (tmap_a, tmap_b, params, pro, epi, tmap_a_tail)
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:
         plan, args = prepared

@@ -30,7 +30,7 @@ _LAYOUT_CODE = {"nk": 0, "kn": 1}
 _TMAP_CODE = {DType.BF16: 9, DType.F16: 6}  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16
 
 # struct GemmParams (cuda_src/rawflux/gemm/config.cuh), same field order.
-GEMM_PARAMS = struct.Struct("<14i2Qq")
+GEMM_PARAMS = struct.Struct("<15i4x2Qq")
 # struct LocalStore::Params (policies.cuh): c, bias, ldc, bias_kind, pad.
 _LOCAL_STORE = struct.Struct("<QQqii")
 _TMA_STORE_TAIL = struct.Struct("<QqQii")  # after the 128-byte map: c, ldc, bias, bias_kind, pad
@@ -219,16 +219,17 @@ def _tensor_map(ptr: int, code: int, rows: int, cols: int, ld: int, box_rows: in
 
 
 class _ArgBlock(threading.local):
-    """kernelParams for gemm_kernel: 5 slots, each 64-byte aligned (CUtensorMap needs 64)."""
+    """kernelParams for gemm_kernel: 6 slots (tmap_a, tmap_b, GemmParams, prologue and epilogue
+    params, tmap_a_tail), each 64-byte aligned (CUtensorMap needs 64)."""
 
-    OFFSETS = (0, 128, 256, 384, 640)
-    SIZES = (128, 128, 128, 256, 256)
+    OFFSETS = (0, 128, 256, 384, 640, 896)
+    SIZES = (128, 128, 128, 256, 256, 128)
 
     def __init__(self):
-        self.buf = ctypes.create_string_buffer(896 + 64)
+        self.buf = ctypes.create_string_buffer(1024 + 64)
         base = (ctypes.addressof(self.buf) + 63) & ~63
         self.addrs = [base + o for o in self.OFFSETS]
-        self.ptrs = (ctypes.c_void_p * 5)(*self.addrs)
+        self.ptrs = (ctypes.c_void_p * 6)(*self.addrs)
         self.ptrs_addr = ctypes.addressof(self.ptrs)
 
 
@@ -355,13 +356,15 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
         m, n, k, -(-m // t.bm), -(-n // t.bn), kb, splits, per, max(1, cfg.group), int(cfg.raster_n),
-        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), workspace, counters, timeout_ns,
+        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), workspace, counters, timeout_ns,
     )
 
 
-# Rows of A's TMA box (GemmParams::a_box_rows; the rule lives in tune, whose time model charges it).
-# A module attribute, looked up at each plan: tests swap it for the full box.
+# Rows of A's TMA box and of its tail box (GemmParams::a_box_rows / a_tail_rows; the rules live in
+# tune, whose time model charges them). Module attributes, looked up at each plan: tests swap them
+# for the full box.
 a_box_rows = tune.a_box_rows
+a_tail_rows = tune.a_tail_rows
 
 
 def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
@@ -387,6 +390,7 @@ class _Plan:
     params: bytes
     box_a: tuple[int, int]
     box_b: tuple[int, int]
+    a_tail: int  # rows of A's tail box (a_tail_rows); 0: the kernel's tmap_a_tail is tmap_a
     mnk: tuple[int, int, int]
     b_layout: str
     tmap_code: int
@@ -436,7 +440,7 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
     smem = launch_smem_bytes(t, epilogue, out_dtype)
     plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), t.threads, t.cluster_size, smem, params,
-                 (a_box_rows(t, m), tune.BK), box_b, (m, n, k), b_layout, _TMAP_CODE[dtype])
+                 (a_box_rows(t, m), tune.BK), box_b, a_tail_rows(t, m), (m, n, k), b_layout, _TMAP_CODE[dtype])
     with _plans_lock:
         if len(_plans) > 4096:
             _plans.clear()
@@ -463,11 +467,13 @@ def _launch_plan(p: "_Plan", a_ptr: int, b_ptr: int, lda: int, ldb: int | None, 
                  epilogue_params: bytes) -> None:
     m, n, k = p.mnk
     tmap_a = _tensor_map(a_ptr, p.tmap_code, m, k, lda, p.box_a[0], p.box_a[1])
+    tmap_a_tail = _tensor_map(a_ptr, p.tmap_code, m, k, lda, p.a_tail, p.box_a[1]) if p.a_tail else tmap_a
     if p.b_layout == "nk":
         tmap_b = _tensor_map(b_ptr, p.tmap_code, n, k, k if ldb is None else ldb, p.box_b[0], p.box_b[1])
     else:
         tmap_b = _tensor_map(b_ptr, p.tmap_code, k, n, n if ldb is None else ldb, p.box_b[0], p.box_b[1])
-    _launch(p.kernel, p.grid, p.threads, p.cluster, p.smem, stream, (tmap_a, tmap_b, p.params, prologue_params, epilogue_params))
+    _launch(p.kernel, p.grid, p.threads, p.cluster, p.smem, stream,
+            (tmap_a, tmap_b, p.params, prologue_params, epilogue_params, tmap_a_tail))
 
 
 # ------------------------------------------------------------------------------------------------

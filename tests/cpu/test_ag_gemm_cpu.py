@@ -500,7 +500,8 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _Kernel(name, log))
     cfg = G.GemmConfig(next(iter(__import__("rawflux.tune", fromlist=["TILES"]).TILES)), splits=3)
     monkeypatch.setattr(G, "pick_config", lambda *a, **k: cfg)
-    plan = types_ns(kernel=_Kernel("gemm_kernel", log), grid=132, threads=384, cluster=2, smem=200000, box_a=(128, 64), box_b=(128, 64))
+    plan = types_ns(kernel=_Kernel("gemm_kernel", log), grid=132, threads=384, cluster=2, smem=200000, box_a=(128, 64), box_b=(128, 64),
+                    a_tail=40)
     plans = []
     monkeypatch.setattr(G, "_plan", lambda *a: plans.append(a) or plan)
     monkeypatch.setattr(G, "tensor_map", lambda ptr, *a: ("tmap", ptr) + a)
@@ -544,12 +545,13 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     # the GEMM: on main after the barrier, rotated to this rank, split-K off, waiting on own flags
     g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
     assert g[2] == main and kinds.index("gemm_kernel") > barriers[-1]
-    tmap_a, _, params, pro, _ = g[4]
+    tmap_a, _, params, pro, _, tmap_a_tail = g[4]
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
     assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
     p = A.G.GEMM_PARAMS.unpack(params)
     assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == (world, rank)  # m, splits, seg_count/seg_start
-    assert p[16] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
+    assert p[17] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
+    assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
     assert plans[-1][9] == A.KERNEL_FILE and plans[-1][11] == A.PROLOGUE
     sides = op.side_streams
     if copy == "ce":

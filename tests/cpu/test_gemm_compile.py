@@ -42,11 +42,11 @@ def test_smem_fits_and_stages():
 
 
 _GEMM_PARAM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n",
-                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "workspace", "counters", "timeout_ns")
+                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "workspace", "counters", "timeout_ns")
 
 
 def test_params_layout():
-    assert g.GEMM_PARAMS.size == 80  # sizeof(GemmParams) in config.cuh
+    assert g.GEMM_PARAMS.size == 88  # sizeof(GemmParams) in config.cuh
     assert len(g.local_store_params(0x1000, 64)) == 32  # sizeof(LocalStore::Params)
     pytest.importorskip("cuda.bindings.nvrtc")
     sizes = {"i": 4, "Q": 8, "q": 8}

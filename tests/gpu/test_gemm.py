@@ -396,3 +396,42 @@ def test_short_a_box_matches_full_box(rf, monkeypatch):
                 rf.gemm(a, w, out=full, config=full_cfg)
             assert cupy.array_equal(cut.view(cupy.uint16), full.view(cupy.uint16)), (m, cfg.tag())
             assert _rel(cut, ref) < 1e-2, (m, cfg.tag())
+
+
+def test_tail_a_box_matches_full_box(rf, monkeypatch):
+    """A ragged last tile row loads its own rows rounded up to 8 (GemmParams::a_tail_rows, the
+    kernel's tmap_a_tail) instead of a full box the TMA unit zero-fills past m, and a cluster's CTA
+    whose tile lies wholly past m (odd tile rows, 2x1 clusters) zero-fills the tail box's rows only:
+    the stage's other rows hold stale data from earlier stages. Their results must never reach C:
+    the bits equal the full box's for every tile, split-K, stream-K and k-split cluster, C matches
+    float64 with the output poisoned, and the rows around C stay untouched."""
+    from rawflux import tune
+
+    cfgs = [tune.GemmConfig(t, s, 2, False) for t in tune.TILES for s in (1, 3)]
+    cfgs += [tune.GemmConfig(t, 1, 2, False, stream_k=True) for t in tune.TILES if t.stream_k_ok]
+    cfgs += [tune.GemmConfig(t, 1, 8, False) for t in tune.KSPLIT_TILES]
+    for cfg in cfgs:
+        t = cfg.tile
+        for m in (t.bm + 1, 2 * t.bm + 37, 3 * t.bm - 5, 3 * t.bm, 40):
+            n, k = 2 * t.bn + 40, 520
+            rows = rf.a_tail_rows(t, m)
+            if m % t.bm and m > t.bm:
+                assert rows == -(-(m % t.bm) // 8) * 8, (t.tag(), m, rows)
+            elif rows == 0:
+                continue  # no tail map: the path is the full box's
+            seed = random.randrange(1 << 30)
+            a, w = _rand((m, k), "bf16", seed), _rand((n, k), "bf16", seed + 1)
+            big = _poisoned((m + 4, n), "bf16")
+            cut = big[2:2 + m]
+            rf.gemm(a, w, out=cut, config=cfg)
+            full_cfg = tune.GemmConfig(t, cfg.splits, cfg.group, cfg.raster_n, ctas=1024, stream_k=cfg.stream_k)  # its own plan
+            with monkeypatch.context() as mp:
+                mp.setattr(rf, "a_tail_rows", lambda t_, m_: 0)
+                full = _poisoned((m, n), "bf16")
+                rf.gemm(a, w, out=full, config=full_cfg)
+            cupy.cuda.get_current_stream().synchronize()
+            raw = big.view(cupy.uint16)
+            poison = _NAN_BITS["bf16"][1]
+            assert bool(cupy.all(raw[:2] == poison)) and bool(cupy.all(raw[2 + m:] == poison)), (m, cfg.tag(), "rows outside C written")
+            assert cupy.array_equal(cut.view(cupy.uint16), full.view(cupy.uint16)), (m, cfg.tag())
+            assert _rel(cut, _f64(a) @ _f64(w).T) < 1e-2, (m, cfg.tag())

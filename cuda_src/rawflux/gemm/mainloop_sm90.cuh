@@ -173,10 +173,19 @@ RAWFLUX_DEVICE bool ksplit_exchange(float (&acc)[Cfg::kAccRegs], u64* ksplit_bar
   return false;
 }
 
+// How a tile's producer loads A's box (gemm_kernel's k loop): the main map, or the tail map of a
+// ragged last tile row and of a tile wholly past m (GemmParams::a_tail_rows).
+enum : int { kALoadFull = 0, kALoadTail = 1 };
+template <int V>
+struct IntTag {
+  static constexpr int value = V;
+};
+
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
-                const typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi) {
+                const typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi,
+                const __grid_constant__ TensorMap tmap_a_tail) {
   using SchedT = typename Sched::template type<Cfg>;
   constexpr int kStages = Cfg::kStages;
   constexpr bool kCluster = Cfg::kClusterSize > 1;
@@ -210,6 +219,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     ptx::tma_prefetch_desc(&tmap_a);
     ptx::tma_prefetch_desc(&tmap_b);
+    ptx::tma_prefetch_desc(&tmap_a_tail);  // tmap_a again when there is no tail box
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&full[s], 1);                                        // the local producer's arrive (+ bytes)
@@ -280,12 +290,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
       const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
       const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
-      // Bytes a stage receives: A's box may be shorter than kBoxARows (GemmParams::a_box_rows).
-      const u32 stage_tx = p.a_box_rows > 0 ? (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - p.a_box_rows) * Cfg::kClusterN * Cfg::kRowBytes)
-                                            : (u32)Cfg::kStageBytes;
-      while (kDyn ? fetch() : sched.next(p, w)) {
+      // One tile's k loop. kAMode: how A's box is loaded. kALoadFull: the main map, its box
+      // kBoxARows rows, or GemmParams::a_box_rows when m is smaller. kALoadTail: the tail map
+      // (a_tail_rows rows), in a ragged last tile row, since the TMA unit's zero fill of rows past m
+      // is slower than loading rows (m = 192, 128x96: 83 us against 66), and in a tile wholly past m
+      // (a cluster's idle CTA: its rows are all zero-filled, a_tail_rows >= 8 of them instead of a
+      // box). The rows a box leaves hold stale data; their results are never stored. A compile-time
+      // mode, one loop each: choosing the map inside the loop costs the trace build's producer (40
+      // registers) a spill.
+      auto k_loop = [&](auto mode) {
+        constexpr int kAMode = decltype(mode)::value;
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
-        Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
+        const i32 a_load = kAMode == kALoadTail ? p.a_tail_rows : p.a_box_rows > 0 ? p.a_box_rows : Cfg::kBoxARows;
+        // Bytes a stage receives: the rows A's box(es) leave out are not counted.
+        const u32 tx = (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - a_load) * Cfg::kClusterN * Cfg::kRowBytes);
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceProducerReady);
           const u32 wait_from = trace_now32();
@@ -299,10 +317,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             continue;
           }
-          ptx::mbar_arrive_expect_tx(&full[stage], stage_tx);
+          ptx::mbar_arrive_expect_tx(&full[stage], tx);
           u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
           if constexpr (Cfg::kClusterN > 1) {
             ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
+          } else if constexpr (kAMode == kALoadTail) {
+            ptx::tma_load_2d(sa, &tmap_a_tail, &full[stage], kb * Cfg::kBK, m0);
           } else {
             ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
           }
@@ -332,6 +352,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             stage = 0;
             phase ^= 1u;
           }
+        }
+      };
+      while (kDyn ? fetch() : sched.next(p, w)) {
+        const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+        // The tail map: a cluster's idle CTA, or a ragged last row where m spans more than one box
+        // (within one box, a_box_rows already cut the main map's box to m). Decided before the
+        // prologue's wait, so that only a predicate lives across it (a row count kept across
+        // AgWait's loop costs AG-GEMM's producer a spill).
+        const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
+                          (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
+        Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
+        if (tail) {
+          k_loop(IntTag<kALoadTail>{});
+        } else {
+          k_loop(IntTag<kALoadFull>{});
         }
       }
       if constexpr (kDyn) {

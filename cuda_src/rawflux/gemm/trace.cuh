@@ -53,17 +53,29 @@ RAWFLUX_DEVICE bool trace_thread(u32 t) {
   return x == t;
 }
 
+// This CTA's index, read afresh at each use: a blockIdx.x that ptxas keeps live from the kernel's
+// entry into both roles costs the 40-register producer a spill.
+RAWFLUX_DEVICE u32 trace_cta() {
+  u32 x = 0;
+#if RAWFLUX_TRACE
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+#endif
+  return x;
+}
+
 RAWFLUX_DEVICE void trace_sm() {
 #if RAWFLUX_TRACE
   u32 sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  if (blockIdx.x < (unsigned)kTraceCtas) rawflux_trace[blockIdx.x * kTraceSlots + kTraceSm] = sm;
+  const u32 cta = trace_cta();
+  if (cta < (unsigned)kTraceCtas) rawflux_trace[cta * kTraceSlots + kTraceSm] = sm;
 #endif
 }
 
 RAWFLUX_DEVICE void trace_stamp(int slot) {
 #if RAWFLUX_TRACE
-  if (blockIdx.x < (unsigned)kTraceCtas) rawflux_trace[blockIdx.x * kTraceSlots + slot] = ptx::globaltimer_ns();
+  const u32 cta = trace_cta();
+  if (cta < (unsigned)kTraceCtas) rawflux_trace[cta * kTraceSlots + slot] = ptx::globaltimer_ns();
 #endif
 }
 
@@ -88,9 +100,10 @@ RAWFLUX_DEVICE u32 trace_clock32() { return trace_read32<true>(); }
 // Adds the cycles since `since` (a trace_clock32() value) to a sum slot, and (count) one to kTraceTiles.
 RAWFLUX_DEVICE void trace_add_cycles(int slot, u32 since, bool count) {
 #if RAWFLUX_TRACE
-  if (blockIdx.x < (unsigned)kTraceCtas) {
-    atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + slot], (u64)(trace_clock32() - since));
-    if (count) atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + kTraceTiles], 1ull);
+  const u32 cta = trace_cta();
+  if (cta < (unsigned)kTraceCtas) {
+    atomicAdd(&rawflux_trace[cta * kTraceSlots + slot], (u64)(trace_clock32() - since));
+    if (count) atomicAdd(&rawflux_trace[cta * kTraceSlots + kTraceTiles], 1ull);
   }
 #endif
 }
@@ -99,7 +112,8 @@ RAWFLUX_DEVICE void trace_add_cycles(int slot, u32 since, bool count) {
 // does not wait for it.
 RAWFLUX_DEVICE void trace_add_since(int slot, u32 since) {
 #if RAWFLUX_TRACE
-  if (blockIdx.x < (unsigned)kTraceCtas) atomicAdd(&rawflux_trace[blockIdx.x * kTraceSlots + slot], (u64)(trace_now32() - since));
+  const u32 cta = trace_cta();
+  if (cta < (unsigned)kTraceCtas) atomicAdd(&rawflux_trace[cta * kTraceSlots + slot], (u64)(trace_now32() - since));
 #endif
 }
 
