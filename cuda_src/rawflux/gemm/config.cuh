@@ -31,8 +31,9 @@ struct GemmParams {
                          // to 8): rows past it are not loaded, where a full box would zero-fill them (slow).
                          // 0 = kBoxARows. The stage's rows past it hold stale data; their results are never stored.
   i32 a_tail_rows;       // rows of the tail map's box (the kernel's tmap_a_tail), loaded instead of the full box by
-                         // the ragged last tile row (m rounded up to 8 past its first row); 0 = no ragged row, or
-                         // A multicast (kClusterN > 1). A tile wholly past m (a cluster's idle CTA) loads no A.
+                         // a ragged last tile row when m spans more than one box (its rows rounded up to 8), and
+                         // zero-filled by a cluster's idle CTA (a tile wholly past m; 8 rows when no row is ragged).
+                         // 0 = no tail map (tmap_a_tail is tmap_a); always 0 with A multicast (kClusterN > 1).
   u64 workspace;         // split-K / stream-K: fp32 partial tiles (see splitk_fixup in mainloop_sm90.cuh)
   u64 counters;          // split-K / stream-K: one u32 arrival counter per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)
