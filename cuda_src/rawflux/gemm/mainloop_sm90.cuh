@@ -176,10 +176,6 @@ RAWFLUX_DEVICE bool ksplit_exchange(float (&acc)[Cfg::kAccRegs], u64* ksplit_bar
 // How a tile's producer loads A's box (gemm_kernel's k loop): the main map, or the tail map of a
 // ragged last tile row and of a tile wholly past m (GemmParams::a_tail_rows).
 enum : int { kALoadFull = 0, kALoadTail = 1 };
-template <int V>
-struct IntTag {
-  static constexpr int value = V;
-};
 
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -364,9 +360,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                           (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
         if (tail) {
-          k_loop(IntTag<kALoadTail>{});
+          k_loop(Int<kALoadTail>{});
         } else {
-          k_loop(IntTag<kALoadFull>{});
+          k_loop(Int<kALoadFull>{});
         }
       }
       if constexpr (kDyn) {
