@@ -105,7 +105,10 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //   2: the producer issues no loads and marks each stage full at once (the consumers' wgmma
 //      rate on stale shared memory, without the operand feed);
 //   4: TmaStore skips its stmatrix writes into the staging boxes (the TMA stores still run);
-//   8: TmaStore skips its TMA stores (the staging writes still run).
+//   8: TmaStore skips its TMA stores (the staging writes still run);
+//  16: TmaStore skips the proxy fence between its staging writes and the TMA store (compile time);
+//  32: TmaStore skips the warpgroup barriers around a box's staging (compile time).
+// Session 18 (docs/gemm-notes.md) timed each part of the epilogue with them in the trace build.
 constexpr int kProbe = RAWFLUX_PROBE;
 
 #ifndef RAWFLUX_EPI_DEFER

@@ -180,18 +180,21 @@ struct TmaStore {
     // Probes 4 / 8 (config.cuh): decided at run time, so the compiler keeps what they skip.
     const bool skip_stsm = (kProbe & 4) != 0 && p.k_blocks > 0;
     const bool skip_tma = (kProbe & 8) != 0 && p.k_blocks > 0;
+    // Probes 16 / 32 at compile time: the stores that follow keep the fragment live.
+    constexpr bool skip_fence = (kProbe & 16) != 0;
+    constexpr bool skip_bar = (kProbe & 32) != 0;
     // The store that last read this buffer is done reading it: thread 0 issued it, the barrier
     // tells the others.
     if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();
-    ptx::named_barrier_sync(bar, 128);
+    if (!skip_bar) ptx::named_barrier_sync(bar, 128);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if (skip_stsm) break;
       const u32 unit = (u32)(2 * q) + next_block;  // 16-byte unit in the box's 128-byte row
       ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
-    ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
-    ptx::named_barrier_sync(bar, 128);
+    if (!skip_fence) ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA store reads them
+    if (!skip_bar) ptx::named_barrier_sync(bar, 128);
     if (tid == 0 && !skip_tma) {
       ptx::tma_store_2d(&ep.tmap_c, box_addr, col0 + 64 * kBox, row0);
       ptx::bulk_commit();
