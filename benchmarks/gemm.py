@@ -66,6 +66,19 @@ def input_sets(m: int, n: int, k: int, elem_bytes: int = 2) -> int:
     return max(2, min(8, math.ceil(3 * L2_BYTES / (elem_bytes * (m * k + n * k + m * n)))))
 
 
+def rotated_inputs(m: int, n: int, k: int):
+    """input_sets(m, n, k) sets of random bf16 A (m, k), B (n, k) and an empty C (m, n) (torch,
+    on the current device), for the single-shape probes (gemm_clocks, gemm_energy, gemm_kfit):
+    (nsets, [A], [B], [C])."""
+    import torch
+
+    nsets = input_sets(m, n, k)
+    a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+    b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+    c = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+    return nsets, a, b, c
+
+
 def bench(fn, nsets: int, reps: int, warmup: int = 5) -> float:
     """Median milliseconds of fn(i) over reps calls, each between its own pair of events."""
     return bench_many([fn], nsets, reps, warmup)[0]

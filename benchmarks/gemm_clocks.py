@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from gemm import input_sets
+    from gemm import rotated_inputs
 
     from rawflux.ops import gemm as g
 
@@ -69,10 +69,7 @@ def main(argv=None) -> int:
 
     for shape in args.shapes.split(","):
         m, n, k = (int(x) for x in shape.split("x"))
-        nsets = input_sets(m, n, k)
-        a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        o = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+        nsets, a, b, o = rotated_inputs(m, n, k)
         for _ in range(2):
             run(f"rawflux      {shape}", lambda i: g.gemm(a[i], b[i], out=o[i]), nsets)
             time.sleep(0.3)

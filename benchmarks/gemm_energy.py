@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from gemm import input_sets
+    from gemm import rotated_inputs
 
     from rawflux.ops import gemm as g
 
@@ -63,10 +63,7 @@ def main(argv=None) -> int:
     b1, b2 = (int(x) for x in args.calls.split(","))
     for shape in args.shapes.split(","):
         m, n, k = (int(x) for x in shape.split("x"))
-        nsets = input_sets(m, n, k)
-        a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-        o = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+        nsets, a, b, o = rotated_inputs(m, n, k)
         impls = {"rawflux": lambda i: g.gemm(a[i], b[i], out=o[i]),
                  "torch.matmul": lambda i: torch.matmul(a[i], b[i].T, out=o[i])}
         for fn in impls.values():

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from gemm import bench_many, input_sets
+    from gemm import bench_many, rotated_inputs
 
     from rawflux import tune
     from rawflux.ops import gemm as g
@@ -62,10 +62,7 @@ def main(argv=None) -> int:
         nw = waves(m, n, cfg.tile.bm, cfg.tile.bn, sms)
         per_wave = {"rawflux": [], "torch": []}
         for k in (int(x) for x in args.ks.split(",")):
-            nsets = input_sets(m, n, k)
-            a = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-            b = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
-            o = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(nsets)]
+            nsets, a, b, o = rotated_inputs(m, n, k)
             runs = [bench_many([lambda i: g.gemm(a[i], b[i], out=o[i], config=cfg),
                                 lambda i: torch.matmul(a[i], b[i].T, out=o[i])], nsets, args.reps) for _ in range(3)]
             r, t = min(x[0] for x in runs), min(x[1] for x in runs)
