@@ -9,8 +9,10 @@ and then rawflux between CUDA events after a short GPU sleep, fresh inputs rotat
 table gives, per stamp, microseconds after the first CTA's entry for the median CTA and the slowest
 CTA (each the median over reps), then the time the CTA's producer waited for free stages and its
 first consumer warpgroup for full ones (sums over its tiles; the 128x320 tile records no consumer
-wait). The stamps cost a few global stores: use event times from benchmarks/gemm.py for
-performance, this for attribution. A trace build that spills is reported and skipped. --json also
+wait). The stamps cost a few global stores, and the wait sums a timer read per k block in the
+producer thread and every consumer thread: about 50 SM cycles per k block of 128x256 (session 19),
+so per-k-block cycles come from --no-block-waits builds only. Use event times from
+benchmarks/gemm.py for performance, this for attribution. A trace build that spills is reported and skipped. --json also
 keeps every CTA's row of the last rep (stamps and waits in us, and its SM), to tell a slow SM from
 slow data.
 """
@@ -39,7 +41,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=DEFAULT_CASES, help="M,N,K[,config tag];... (no tag: the heuristic's pick)")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-block-waits", action="store_true",
+                    help="build without the per-k-block wait sums (RAWFLUX_TRACE_BLOCK_WAITS=0): the per-tile loop cycles are then "
+                         "the k loop's own (the sums add ~50 cycles per k block), and the waits read 0")
     args = ap.parse_args(argv)
+    if args.no_block_waits:
+        os.environ["RAWFLUX_NVRTC_DEFINES"] += " RAWFLUX_TRACE_BLOCK_WAITS=0"
 
     import cupy
     import numpy as np

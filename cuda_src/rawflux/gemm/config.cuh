@@ -109,7 +109,14 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //  16: TmaStore skips the proxy fence between its staging writes and the TMA store (compile time);
 //  32: TmaStore skips the warpgroup barriers around a box's staging (compile time).
 // Session 18 (docs/gemm-notes.md) timed each part of the epilogue with them in the trace build.
+// The stage ring (with 2; compile time; session 19 split the ring's cost per k block with them):
+//  64: no ring at all: the producer idles, the consumers neither wait for stages nor release them;
+// 128: the producer never waits for released stages (with 2: it marks every phase full at once);
+//      only with 256, else a consumer could wait for a phase parity that already went past;
+// 256: the consumers do not wait for full stages (they still release them);
+// 512: the producer does not mark stages full (with 2 and 256: it only waits for the releases).
 constexpr int kProbe = RAWFLUX_PROBE;
+static_assert((kProbe & 128) == 0 || (kProbe & 256) != 0, "RAWFLUX_PROBE 128 needs 256");
 
 #ifndef RAWFLUX_EPI_DEFER
 #define RAWFLUX_EPI_DEFER 1
@@ -144,6 +151,15 @@ constexpr bool kDynSched = RAWFLUX_DYN_SCHED != 0;
 // 1: per-CTA start-up / main-loop / exit timestamps in the module global rawflux_trace
 // (gemm/trace.cuh, benchmarks/gemm_trace.py); development only.
 constexpr bool kTrace = RAWFLUX_TRACE != 0;
+#ifndef RAWFLUX_TRACE_BLOCK_WAITS
+#define RAWFLUX_TRACE_BLOCK_WAITS 1
+#endif
+// With RAWFLUX_TRACE: 1 sums the producer's and the first consumer warpgroup's barrier waits per
+// k block (a timer read per k block in the producer thread and in every consumer thread, and a
+// global add); 0 leaves them out, so that the trace's per-tile loop cycles are the k loop's own.
+// Session 19 measured the sums at about 50 cycles per k block of 128x256 (1039 -> 1086-1092), more
+// than the gaps they were used to explain.
+constexpr bool kTraceBlockWaits = kTrace && RAWFLUX_TRACE_BLOCK_WAITS != 0;
 
 // Fewest equal n chunks of a warpgroup's kWN columns with each chunk at most RAWFLUX_WGMMA_N_MAX
 // (and 256) wide and a multiple of `unit` (16 for K-major B, 64 for the kn layout's column chunks).

@@ -301,12 +301,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Bytes a stage receives: the rows A's box(es) leave out are not counted.
         const u32 tx = (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - a_load) * Cfg::kClusterN * Cfg::kRowBytes);
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+          if constexpr ((kProbe & 64) != 0) continue;  // probe: no ring (the consumers neither wait nor release)
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceProducerReady);
-          const u32 wait_from = trace_now32();
-          ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
-          if (kTrace) trace_add_since(kTraceProducerWait, wait_from);
+          const u32 wait_from = kTraceBlockWaits ? trace_now32() : 0u;
+          if constexpr ((kProbe & 128) == 0) ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          if (kTraceBlockWaits) trace_add_since(kTraceProducerWait, wait_from);
           if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
-            ptx::mbar_arrive(&full[stage]);
+            if constexpr ((kProbe & 512) == 0) ptx::mbar_arrive(&full[stage]);
             if (++stage == kStages) {
               stage = 0;
               phase ^= 1u;
@@ -531,7 +532,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
       const u32 tile_from = kTracePhases ? trace_clock32() : 0u;
-      if (kTrace && trace_thread(128) && nkb > 0) {  // stamps outside the k loop: no register there
+      if (kTrace && trace_thread(128) && nkb > 0 && (kProbe & (64 | 256)) == 0) {  // stamps outside the k loop: no register there
         trace_stamp(kTraceConsumerReady);
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
         trace_stamp(kTraceFirstData);
@@ -540,9 +541,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (the held C boxes) while the group runs, then (kWait0) wait for the group and release the stage.
       auto kblock = [&](u32 st, u32 ph, i32 i, auto&& hook) {
         // The wait sum costs a register in the k loop: only where the accumulators leave room.
-        constexpr bool kTraceWait = kTrace && Cfg::kAccRegs <= 128;
+        constexpr bool kTraceWait = kTraceBlockWaits && Cfg::kAccRegs <= 128;
         const u32 wait_from = kTraceWait ? trace_now32() : 0u;
-        if constexpr ((kLoopAddr & 1) != 0) {
+        if constexpr ((kProbe & (64 | 256)) != 0) {  // probe: no wait for the stage's data
+        } else if constexpr ((kLoopAddr & 1) != 0) {
           ptx::mbar_wait_addr(bar_addr0 + 8u * st, ph, p.timeout_ns);
         } else {
           ptx::mbar_wait(&full[st], ph, p.timeout_ns);
@@ -563,7 +565,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         hook();
         if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
-          release(st);
+          if constexpr ((kProbe & 64) == 0) release(st);
         } else {
           if constexpr (kOrdered) pass_turn();
           if (i > 0) {
