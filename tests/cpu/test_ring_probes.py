@@ -60,3 +60,20 @@ def test_wgmma_peak_kernels_compile_clean():
         r = res.resources[res.lowered[n]]
         assert r["spill_stores"] == 0 and r["stack"] == 0, (n, r)
     assert "serialized" not in res.log and "C75" not in res.log, res.log
+
+
+def test_kloop_tool_shapes_and_slope():
+    """benchmarks/gemm_kloop.py: one tile per SM (cluster rows even), the least-squares slope, and the
+    line it parses from gemm_trace.py."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gemm_kloop
+
+    assert gemm_kloop.one_tile_per_sm(128, 256, 2, 132) == (1536, 2816)  # 12 x 11 tiles, session 19's shape
+    m, n = gemm_kloop.one_tile_per_sm(128, 192, 1, 132)
+    assert (m // 128) * (n // 192) == 132
+    with pytest.raises(ValueError):
+        gemm_kloop.one_tile_per_sm(128, 256, 2, 131)
+    assert gemm_kloop.slope([256, 1024], [266731.0, 1064687.0]) == pytest.approx(1039.0, abs=0.1)
+    assert gemm_kloop.slope([64, 128, 256], [1024.0 * b + 7 for b in (64, 128, 256)]) == pytest.approx(1024.0)
+    line = "   per tile (median CTA, SM cycles): loop 133378  epilogue 2193 (1.62 %)"
+    assert gemm_kloop.LOOP.search(line).group(1) == "133378"
