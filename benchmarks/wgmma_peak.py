@@ -37,11 +37,13 @@ using namespace rawflux;
 // wait to a global sum (the trace build's per-block wait sum).
 // kRegs: the engine's register split (setmaxnreg: producer warpgroup 40, consumers 232); kScale:
 // the first k16 step's scale-d as a run-time predicate (block 0 overwrites), as in the engine.
+// kWaitOnly (with kRing): the engine's probe 771 here: the producer only waits for the releases (marks
+// nothing full) and the consumers do not wait for full stages.
 // kUnroll: the consumers' k loop unrolled (code size, as the engine's loop over the ring).
 // kDiverge: the producer warp's other lanes wait at __syncwarp for its lane 0 (the engine's
 // producer warp) instead of leaving.
 template <int kWgs, int kPending, int kChunks, int kSync, int kMbar, int kRing = 0, int kStamp = 0, int kRegs = 0, int kScale = 0,
-          int kDiverge = 0, int kUnroll = 1>
+          int kDiverge = 0, int kUnroll = 1, int kWaitOnly = 0>
 __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned long long* cycles, float* sink, int blocks) {
   constexpr int kStages = 4;
   constexpr u32 kStageA = 128 * 128, kStageB = 256 * 128;  // bytes: 128 rows of A, 256 of B, 64 bf16 each
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
       for (int b = 0; b < blocks; ++b) {
         const u32 st = (u32)b % kStages, ph = ((u32)b / kStages) & 1u;
         ptx::mbar_wait(&e[st], ph ^ 1u, 1000000000ll);  // acquire.cta: every consumer warp released the stage
-        ptx::mbar_arrive(&f[st]);                         // release.cta: the stage is "full" (no data moves)
+        if (!kWaitOnly) ptx::mbar_arrive(&f[st]);         // release.cta: the stage is "full" (no data moves)
       }
     }
     __syncwarp();
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
     for (int b = 0; b < blocks; ++b) {
       const u32 st = (u32)b % kStages, ph = ((u32)b / kStages) & 1u;
       ptx::mbar_wait(&empty[st], ph ^ 1u, 1000000000ll);  // acquire.cta: every consumer warp released the stage
-      ptx::mbar_arrive(&full[st]);                         // release.cta: the stage is "full" (no data moves)
+      if (!kWaitOnly) ptx::mbar_arrive(&full[st]);         // release.cta: the stage is "full" (no data moves)
     }
   }
   if (kDiverge && threadIdx.x / 32 == 8) __syncwarp();
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
     if (kMbar) ptx::mbar_wait(&bars[0], 0, 1000000000ll);
     u32 from = 0;
     if (kStamp) asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(from));
-    if (kRing) ptx::mbar_wait(&full[st], ((u32)b / kStages) & 1u, 1000000000ll);
+    if (kRing && !kWaitOnly) ptx::mbar_wait(&full[st], ((u32)b / kStages) & 1u, 1000000000ll);
     if (kStamp && threadIdx.x == 0) {
       u32 now;
       asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(now));
@@ -143,6 +145,7 @@ VARIANTS = {  # label: (warpgroups, pending, chunks, sync, mbar, ring, stamp)
     "2wg wait0 + ring + regs": (2, 0, 1, 0, 0, 1, 0, 1, 0),
     "ring + regs, unrolled x16": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 16),
     "ring + regs, unrolled x32": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 32),
+    "ring + regs, waits only": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1),
     "2wg wait0 + ring + scale": (2, 0, 1, 0, 0, 1, 0, 0, 1),
     "2wg wait0 + ring + stamp": (2, 0, 1, 0, 0, 1, 1),
     "2wg wait0 + stamp": (2, 0, 1, 0, 0, 0, 1),
