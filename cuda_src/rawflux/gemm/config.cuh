@@ -109,7 +109,8 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //  16: TmaStore skips the proxy fence between its staging writes and the TMA store (compile time);
 //  32: TmaStore skips the warpgroup barriers around a box's staging (compile time).
 // Session 18 (docs/gemm-notes.md) timed each part of the epilogue with them in the trace build.
-// The stage ring (with 2; compile time; session 19 split the ring's cost per k block with them):
+// The stage ring (with 2, the static tile order, kWait0; compile time; session 19 split the ring's
+// cost per k block with them):
 //  64: no ring at all: the producer idles, the consumers neither wait for stages nor release them;
 // 128: the producer never waits for released stages (with 2: it marks every phase full at once);
 //      only with 256, else a consumer could wait for a phase parity that already went past;
