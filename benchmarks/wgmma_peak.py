@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cupy as cp
 
-    from rawflux.jit import compile_cubin
+    from rawflux.jit import Kernel, compile_cubin
 
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -179,12 +179,6 @@ def main(argv=None) -> int:
         r = res.resources.get(res.lowered[n], {})
         if r.get("spill_stores"):
             print(f"warning: {n} spills {r}")
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(res.cubin)
-        path = f.name
-    mod = cp.RawModule(path=path)
     smem = max(4 * (128 + 256) * 128 + 1024 + 128, args.smem_kb * 1024)
     rng = cp.random.default_rng(1)
     vals = rng.standard_normal(smem // 2, dtype=cp.float32)
@@ -196,12 +190,11 @@ def main(argv=None) -> int:
     for (label, (w, *_)), n in zip(VARIANTS.items(), names):
         if args.only and args.only not in label:
             continue
-        fn = mod.get_function(res.lowered[n])
-        fn.max_dynamic_shared_size_bytes = smem
+        kern = Kernel(res, res.lowered[n], dev.id)  # the engine's loader (the cubin from memory)
         per = []
         for _ in range(args.reps):
             cycles.fill(0)
-            fn((sms,), (384,), (src, cycles, sink, cp.int32(args.blocks)), shared_mem=smem)
+            kern.launch((sms,), (384,), (src, cycles, sink, cp.int32(args.blocks)), smem=smem)
             cp.cuda.runtime.deviceSynchronize()
             cyc = cycles.get().reshape(sms, 4)[:, :w].max(axis=1)
             per.append(float(statistics.median(cyc)) / args.blocks)
