@@ -10,7 +10,10 @@ m64n256k16 takes 128 cycles at 4096 dense FLOP/cycle/SM, so two warpgroups' bloc
 This separates what the hardware allows per k block from what the engine's barriers and loads
 add (docs/gemm-notes.md, session 19: every variant with two warpgroups ran at 1024.0-1024.3 on the
 H200, the trace-like per-block timer read at 1030; the engine's own k loop, measured with
-`RAWFLUX_TRACE_BLOCK_WAITS=0 RAWFLUX_PROBE=3` in benchmarks/gemm_trace.py, at 1039).
+`RAWFLUX_TRACE_BLOCK_WAITS=0 RAWFLUX_PROBE=3` in benchmarks/gemm_trace.py, at 1039). Session 20
+added transplants of the engine's traits (code placement, the producer's poll styles, the barrier
+layout, a TMA load, a cluster launch, turnaround delays and late warps): all ran at 1024.3; the
+one slow pattern here, consumers that release but never wait (1052-1054), is not the engine's.
 """
 from __future__ import annotations
 
@@ -42,8 +45,43 @@ using namespace rawflux;
 // kUnroll: the consumers' k loop unrolled (code size, as the engine's loop over the ring).
 // kDiverge: the producer warp's other lanes wait at __syncwarp for its lane 0 (the engine's
 // producer warp) instead of leaving.
+// kPad (with kRegs): about kPad bytes of never-executed code ahead of the producer's loop, which
+// moves that loop this far from the consumers' (the engine's loops are ~32 KB apart; session 20
+// asks whether the instruction cache sees it: no, 1024.3 at every distance).
+// kDelay: every consumer thread spins kDelay cycles after its release (a longer turnaround);
+// kSkew: only the first warp of each consumer warpgroup does (one warp late, as a warp that shares
+// its SM sub-partition with the producer could be).
+// kMbar: 1 = wait on a completed barrier before each block and arrive on a never-completing one
+// after it; 2 = the wait only; 3 = the arrival only.
+// kPoll: the producer's wait for a released stage: 0 = the engine's mbar_wait (try_wait, which
+// suspends in hardware), 1 = spinning on test_wait, 2 / 3 = test_wait with a 100 / 500 ns
+// nanosleep between polls.
+// kArrivers: which consumer warpgroups release stages: 0 = both (the engine), 1 = the first only,
+// 2 = the second only (the producer then wakes at that warpgroup's release), 3 = none.
+// kProd (with kRegs and kRing): what the producer thread does instead of waiting on the empty
+// barriers, for about as long as the consumers run (blocks x 1024 cycles): 1 = nothing (it leaves),
+// 2 = nanosleep(200) in a loop, 3 = test_wait on a completed barrier and nanosleep(200) in a loop,
+// 4 = spin on clock64, 5 = test_wait on a completed barrier in a tight loop. 0: the ring's producer.
+// kTma: 1 = the kernel holds a TMA load (never executed), as the engine does.
+// kLayout: 1 = the engine's barrier layout (full[] first, then empty[], right after the stages).
+// kCluster: 1 = launched as clusters of 2 CTAs (host side only; the kernel does nothing with it).
+template <int kPoll>
+__device__ void producer_wait(u64* bar, u32 parity) {
+  if constexpr (kPoll == 0) {
+    ptx::mbar_wait(bar, parity, 1000000000ll);  // acquire.cta: every consumer warp released the stage
+  } else {
+    for (u32 polls = 0; polls < (1u << 24); ++polls) {  // then mbar_wait's bounded wait (a trap, not a hang)
+      if (ptx::mbar_test_wait(ptx::smem_u32(bar), parity)) return;  // acquire.cta: as mbar_wait's
+      if constexpr (kPoll == 2) __nanosleep(100);
+      if constexpr (kPoll == 3) __nanosleep(500);
+    }
+    ptx::mbar_wait(bar, parity, 1000000000ll);
+  }
+}
+
 template <int kWgs, int kPending, int kChunks, int kSync, int kMbar, int kRing = 0, int kStamp = 0, int kRegs = 0, int kScale = 0,
-          int kDiverge = 0, int kUnroll = 1, int kWaitOnly = 0>
+          int kDiverge = 0, int kUnroll = 1, int kWaitOnly = 0, int kPad = 0, int kDelay = 0, int kSkew = 0, int kPoll = 0,
+          int kArrivers = 0, int kProd = 0, int kTma = 0, int kLayout = 0, int kCluster = 0>
 __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned long long* cycles, float* sink, int blocks) {
   constexpr int kStages = 4;
   constexpr u32 kStageA = 128 * 128, kStageB = 256 * 128;  // bytes: 128 rows of A, 256 of B, 64 bf16 each
@@ -52,12 +90,13 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
   u8* smem = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
   u64* bars = reinterpret_cast<u64*>(smem + kStages * (kStageA + kStageB));
   for (u32 i = threadIdx.x; i < kStages * (kStageA + kStageB) / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = src[i];
-  u64* full = bars + 2;
+  u64* full = kLayout ? bars : bars + 2;
   u64* empty = full + kStages;
+  if (kLayout) bars += 2 * kStages;  // the two spare barriers after the ring's
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
       ptx::mbar_init(&full[st], 1);
-      ptx::mbar_init(&empty[st], kWgs * 4);
+      ptx::mbar_init(&empty[st], kArrivers == 0 ? kWgs * 4 : 4);
     }
     ptx::mbar_init(&bars[0], 1);
     ptx::mbar_init(&bars[1], (1u << 20) - 1);  // never completes: arrivals only
@@ -71,12 +110,25 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
   if (kRegs && wg == 2) {  // the engine's producer warpgroup: 40 registers, and it never reaches the consumers' code
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kRing && threadIdx.x == 256) {
+      if (kPad > 0 && blocks < 0) {  // never (blocks >= 1): code placement only
+#pragma unroll
+        for (int i = 0; i < kPad / 16; ++i) asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(reinterpret_cast<u32*>(sink) + i), "r"(0u) : "memory");
+      }
       u8* sm = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
-      u64* f = reinterpret_cast<u64*>(sm + kStages * (kStageA + kStageB)) + 2;
+      u64* f = reinterpret_cast<u64*>(sm + kStages * (kStageA + kStageB)) + (kLayout ? 0 : 2);
+      if (kTma && blocks < 0) ptx::tma_load_2d(sm, reinterpret_cast<const TensorMap*>(sink), f, 0, 0);  // never (blocks >= 1)
       u64* e = f + kStages;
+      if constexpr (kProd != 0) {
+        const long long until = clock64() + (long long)blocks * 1024;
+        while (kProd != 1 && clock64() < until) {
+          if constexpr (kProd == 3 || kProd == 5) producer_wait<1>(reinterpret_cast<u64*>(sm + kStages * (kStageA + kStageB)), 0u);
+          if constexpr (kProd == 2 || kProd == 3) __nanosleep(200);
+        }
+        blocks = 0;
+      }
       for (int b = 0; b < blocks; ++b) {
         const u32 st = (u32)b % kStages, ph = ((u32)b / kStages) & 1u;
-        ptx::mbar_wait(&e[st], ph ^ 1u, 1000000000ll);  // acquire.cta: every consumer warp released the stage
+        producer_wait<kPoll>(&e[st], ph ^ 1u);  // acquire.cta: every consumer warp released the stage
         if (!kWaitOnly) ptx::mbar_arrive(&f[st]);         // release.cta: the stage is "full" (no data moves)
       }
     }
@@ -87,7 +139,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
   if (kRing && threadIdx.x == 256) {  // the producer
     for (int b = 0; b < blocks; ++b) {
       const u32 st = (u32)b % kStages, ph = ((u32)b / kStages) & 1u;
-      ptx::mbar_wait(&empty[st], ph ^ 1u, 1000000000ll);  // acquire.cta: every consumer warp released the stage
+      producer_wait<kPoll>(&empty[st], ph ^ 1u);  // acquire.cta: every consumer warp released the stage
       if (!kWaitOnly) ptx::mbar_arrive(&full[st]);         // release.cta: the stage is "full" (no data moves)
     }
   }
@@ -103,7 +155,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
   for (int b = 0; b < blocks; ++b) {
     const u32 st = (u32)b % kStages;
     if (kSync) ptx::named_barrier_sync(1 + wg, 128);
-    if (kMbar) ptx::mbar_wait(&bars[0], 0, 1000000000ll);
+    if (kMbar == 1 || kMbar == 2) ptx::mbar_wait(&bars[0], 0, 1000000000ll);
     u32 from = 0;
     if (kStamp) asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(from));
     if (kRing && !kWaitOnly) ptx::mbar_wait(&full[st], ((u32)b / kStages) & 1u, 1000000000ll);
@@ -125,8 +177,13 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
     }
     ptx::wgmma_commit();
     ptx::wgmma_wait<kPending>();  // at most kPending of this warpgroup's groups still run (0: the stage is read)
-    if (kMbar && (threadIdx.x % 32) == 0) ptx::mbar_arrive(&bars[1]);
-    if (kRing && (threadIdx.x % 32) == 0) ptx::mbar_arrive(&empty[st]);  // release.cta: the stage's reads are done (wait_group 0)
+    if ((kMbar == 1 || kMbar == 3) && (threadIdx.x % 32) == 0) ptx::mbar_arrive(&bars[1]);
+    if (kRing && (threadIdx.x % 32) == 0 && (kArrivers == 0 || kArrivers == wg + 1)) ptx::mbar_arrive(&empty[st]);  // release.cta: the stage's reads are done (wait_group 0)
+    if (kDelay > 0 || (kSkew > 0 && (threadIdx.x / 32) % 4 == 0)) {
+      const long long from = clock64();
+      while (clock64() - from < (kDelay > 0 ? kDelay : kSkew)) {
+      }
+    }
   }
   ptx::wgmma_wait<0>();
   ptx::reg_fence(acc);
@@ -146,6 +203,46 @@ VARIANTS = {  # label: (warpgroups, pending, chunks, sync, mbar, ring, stamp)
     "ring + regs, unrolled x16": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 16),
     "ring + regs, unrolled x32": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 32),
     "ring + regs, waits only": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1),
+    "ring + regs, waits only, bar.sync": (2, 0, 1, 1, 0, 1, 0, 1, 0, 0, 1, 1),
+    "ring + regs, waits only, mbar": (2, 0, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1),
+    "ring + regs, bar.sync": (2, 0, 1, 1, 0, 1, 0, 1, 0, 0, 1, 0),
+    "ring + regs, waits only, mbar wait": (2, 0, 1, 0, 2, 1, 0, 1, 0, 0, 1, 1),
+    "ring + regs, waits only, mbar arrive": (2, 0, 1, 0, 3, 1, 0, 1, 0, 0, 1, 1),
+    "ring + regs, waits only, spin": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1),
+    "ring + regs, waits only, sleep 100": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 2),
+    "ring + regs, waits only, sleep 500": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 3),
+    "ring + regs, spin": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1),
+    "ring + regs, sleep 100": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 2),
+    "ring + regs, waits only, no producer": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1),
+    "ring + regs, waits only, producer sleeps": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 2),
+    "ring + regs, waits only, producer polls bars[0]": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 3),
+    "ring + regs, waits only, producer spins": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 4),
+    "ring + regs, tma": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1),
+    "ring + regs, layout": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1),
+    "ring + regs, cluster": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1),
+    "ring + regs, tma, layout, cluster": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1),
+    "no ring + producer polling, sleeps": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 3, 3),
+    "no ring + producer polling, tight": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 3, 5),
+    "no ring + producer sleeping": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 3, 2),
+    "ring + regs, waits only, wg0 releases": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1),
+    "ring + regs, waits only, wg1 releases": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 2),
+    "ring + regs, wg0 releases": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1),
+    "ring + regs, wg1 releases": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 2),
+    "ring + regs, delay 64": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 64),
+    "ring + regs, delay 256": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 256),
+    "ring + regs, waits only, delay 64": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 64),
+    "ring + regs, skew 16": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 16),
+    "ring + regs, skew 64": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 64),
+    "2wg wait0, skew 16": (2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 16),
+    "2wg wait0, skew 64": (2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64),
+    "2wg wait0, skew 64, bar.sync": (2, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 64),
+    "2wg wait0, delay 256": (2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 256),
+    "ring + regs, pad 2048": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 2048),
+    "ring + regs, pad 4096": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 4096),
+    "ring + regs, pad 12288": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 12288),
+    "ring + regs, pad 28672": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 28672),
+    "ring + regs, pad 30720": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 30720),
+    "ring + regs, pad 61440": (2, 0, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0, 61440),
     "2wg wait0 + ring + scale": (2, 0, 1, 0, 0, 1, 0, 0, 1),
     "2wg wait0 + ring + stamp": (2, 0, 1, 0, 0, 1, 1),
     "2wg wait0 + stamp": (2, 0, 1, 0, 0, 0, 1),
@@ -166,6 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--smem-kb", type=int, default=0, help="dynamic shared memory to request per CTA (KB; default: what the ring needs, ~193)")
     ap.add_argument("--only", default="", help="run only the variants whose label contains this")
+    ap.add_argument("--exact", action="store_true", help="--only names one variant's whole label")
     args = ap.parse_args(argv)
     import cupy as cp
 
@@ -188,13 +286,16 @@ def main(argv=None) -> int:
     print(f"{sms} CTAs, {smem} B of shared memory, {args.blocks} k blocks each; peak: 512 cycles per warpgroup-block (m64n256k16 x 4 at 4096 FLOP/cycle)")
     print(f"{'variant':24s} {'cycles/block':>12s} {'vs peak':>8s}")
     for (label, (w, *_)), n in zip(VARIANTS.items(), names):
-        if args.only and args.only not in label:
+        if args.only and (args.only != label if args.exact else args.only not in label):
             continue
         kern = Kernel(res, res.lowered[n], dev.id)  # the engine's loader (the cubin from memory)
         per = []
         for _ in range(args.reps):
             cycles.fill(0)
-            kern.launch((sms,), (384,), (src, cycles, sink, cp.int32(args.blocks)), smem=smem)
+            if len(VARIANTS[label]) > 20 and VARIANTS[label][20]:
+                kern.launch_ex((sms - sms % 2,), (384,), (src, cycles, sink, cp.int32(args.blocks)), smem=smem, cluster=(2, 1, 1))
+            else:
+                kern.launch((sms,), (384,), (src, cycles, sink, cp.int32(args.blocks)), smem=smem)
             cp.cuda.runtime.deviceSynchronize()
             cyc = cycles.get().reshape(sms, 4)[:, :w].max(axis=1)
             per.append(float(statistics.median(cyc)) / args.blocks)

@@ -1,8 +1,9 @@
-"""Session 19's instruments for the k loop's cost per k block compile as they must: the ring probes
-(RAWFLUX_PROBE 64 / 128 / 256 / 512, config.cuh) and the trace build without its per-k-block wait
+"""Sessions 19-20's instruments for the k loop's cost per k block compile as they must: the ring probes
+(RAWFLUX_PROBE 64 ... 32768, config.cuh), RAWFLUX_CODE_PAD, and the trace build without its per-k-block wait
 sums (RAWFLUX_TRACE_BLOCK_WAITS=0) on the 128x256 tile they were used on, without spills or
 serialized wgmma; probe 128 alone is refused at compile time; benchmarks/wgmma_peak.py's kernels
-compile clean. The GPU half (what they measured) is in docs/gemm-notes.md, session 19."""
+compile clean; benchmarks/gemm_kloop.py's compile pass. The GPU half (what they measured) is in
+docs/gemm-notes.md, sessions 19 and 20."""
 from __future__ import annotations
 
 import sys
@@ -30,6 +31,16 @@ def _name():
         ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=67"),
         ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=387"),
         ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=771"),
+        # session 20: an active producer that touches no barrier, one that polls a dead or the live
+        # barrier, no ring with a polling producer, and the code-placement pad
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=1795"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=2819"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=4867"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=8963"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=16451"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=32835"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=3", "-DRAWFLUX_CODE_PAD=8192"),
+        ("-DRAWFLUX_CODE_PAD=8192",),
     ],
 )
 def test_ring_probe_builds_compile_clean(defines):
@@ -47,6 +58,29 @@ def test_probe_128_needs_256():
     with pytest.raises(CompileError, match="PROBE 128 needs 256"):
         compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(_name(),), filename="gemm.cu",
                       extra_options=("-DRAWFLUX_PROBE=131",))
+
+
+def test_active_producer_probes_need_the_waits_only_ring():
+    """1024 / 2048 / 4096 / 8192 replace the producer's waits: only where it neither waits for data
+    nor marks stages full (512, 256, 2), else the consumers would wait forever."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    with pytest.raises(CompileError, match="need 512, 256 and 2"):
+        compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(_name(),), filename="gemm.cu",
+                      extra_options=("-DRAWFLUX_PROBE=1027",))
+
+
+def test_code_pad_moves_only_the_producer():
+    """RAWFLUX_CODE_PAD emits its never-executed stores (the cubin grows by at least the pad: 16 bytes
+    of SASS each, plus their metadata) without changing the kernel's registers."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    name = _name()
+    sizes = {}
+    for pad in (0, 4096):
+        res = compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(name,), filename="gemm.cu",
+                            extra_options=(f"-DRAWFLUX_CODE_PAD={pad}",))
+        sizes[pad] = (len(res.cubin), res.resources[res.lowered[name]]["registers"])
+    assert sizes[0][1] == sizes[4096][1]
+    assert sizes[4096][0] - sizes[0][0] >= 4096, sizes
 
 
 def test_wgmma_peak_kernels_compile_clean():
@@ -77,3 +111,36 @@ def test_kloop_tool_shapes_and_slope():
     assert gemm_kloop.slope([64, 128, 256], [1024.0 * b + 7 for b in (64, 128, 256)]) == pytest.approx(1024.0)
     line = "   per tile (median CTA, SM cycles): loop 133378  epilogue 2193 (1.62 %)"
     assert gemm_kloop.LOOP.search(line).group(1) == "133378"
+
+
+def test_kloop_compile_pass(monkeypatch, capsys):
+    """--jobs: every variant's kernel is built first (one short run each at the smallest k, at most
+    `jobs` at a time), then the timed runs go one by one, each with its own defines."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import subprocess
+
+    import gemm_kloop
+
+    started, timed = [], []
+
+    class FakePopen:
+        def __init__(self, cmd, env, **kw):
+            started.append((cmd[cmd.index("--cases") + 1], env["RAWFLUX_NVRTC_DEFINES"]))
+
+        def wait(self, timeout=None):
+            return 0
+
+    def fake_run(cmd, env, **kw):
+        timed.append(env["RAWFLUX_NVRTC_DEFINES"])
+        ks = [int(c.split(",")[2]) for c in cmd[cmd.index("--cases") + 1].split(";")]
+        out = "".join(f"   per tile (median CTA, SM cycles): loop {1039 * k // 64 + 5000}  epilogue 1\n" for k in ks)
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(gemm_kloop.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(gemm_kloop.subprocess, "run", fake_run)
+    assert gemm_kloop.main(["--sms", "132", "--jobs", "2", "--variants", "a|;b|RAWFLUX_PROBE=3;c|RAWFLUX_PROBE=387"]) == 0
+    assert [d for _, d in started] == ["", "RAWFLUX_PROBE=3", "RAWFLUX_PROBE=387"]
+    assert all(c == "1536,2816,16384,128x256x64s4c2x1w2/k1/g8m/p0" for c, _ in started)
+    assert timed == ["", "RAWFLUX_PROBE=3", "RAWFLUX_PROBE=387"]
+    out = capsys.readouterr().out
+    assert out.count("1039.0") == 3, out

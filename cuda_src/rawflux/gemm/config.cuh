@@ -116,8 +116,25 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //      only with 256, else a consumer could wait for a phase parity that already went past;
 // 256: the consumers do not wait for full stages (they still release them);
 // 512: the producer does not mark stages full (with 2 and 256: it only waits for the releases).
+// 1024 / 2048 (with 512, 256 and 2): the producer does not wait for releases either; per k block it
+//      sleeps 1 us (1024) or spins 1000 cycles (2048), touching no barrier (an active producer).
+// 4096 / 8192 (likewise): per k block the producer polls a barrier 8 times, 100 ns apart, whatever
+//      it finds: the stage's full barrier, which nothing arrives on then (4096), or its empty
+//      barrier, which the consumers arrive on (8192).
+// 16384 / 32768 (with 64): no ring, but per k block the producer polls a barrier nothing arrives on
+//      for 1000 cycles, 100 ns apart (16384) or back to back (32768).
 constexpr int kProbe = RAWFLUX_PROBE;
 static_assert((kProbe & 128) == 0 || (kProbe & 256) != 0, "RAWFLUX_PROBE 128 needs 256");
+static_assert((kProbe & (1024 | 2048 | 4096 | 8192)) == 0 || (kProbe & (512 | 256 | 2)) == (512 | 256 | 2), "RAWFLUX_PROBE 1024 / 2048 / 4096 / 8192 need 512, 256 and 2");
+#ifndef RAWFLUX_CODE_PAD
+#define RAWFLUX_CODE_PAD 0
+#endif
+// Development probe (session 20): about this many bytes of never-executed SASS (16-byte stores
+// behind a run-time test that is always false) at the head of the producer's branch, which ptxas
+// lays out after the consumers' code: it moves the producer's loop this far from the consumers' k
+// loop without changing either (instruction-cache placement: 8-32 KB changed nothing). 0
+// (default): nothing.
+constexpr int kCodePad = RAWFLUX_CODE_PAD;
 
 #ifndef RAWFLUX_EPI_DEFER
 #define RAWFLUX_EPI_DEFER 1

@@ -242,6 +242,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------------------------------------------------------- producer
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
+      if constexpr (kCodePad > 0) {
+        if (p.m < 0) {  // never: the host rejects m < 1 (RAWFLUX_CODE_PAD: code placement only)
+          u32* sink = reinterpret_cast<u32*>(p.counters);
+#pragma unroll
+          for (int i = 0; i < kCodePad / 16; ++i) asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(sink + i), "r"(0u) : "memory");
+        }
+      }
       // The ring's addresses derived afresh here: a pointer kept from before setmaxnreg would be
       // spilled (the producer runs in 40 registers).
       u8* smem = ptx::opaque(smem_raw) + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -301,10 +308,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Bytes a stage receives: the rows A's box(es) leave out are not counted.
         const u32 tx = (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - a_load) * Cfg::kClusterN * Cfg::kRowBytes);
         for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+          if constexpr ((kProbe & 64) != 0 && (kProbe & (16384 | 32768)) != 0) {  // probe: no ring, a producer polling a dead barrier
+            const long long from = clock64();
+            while (clock64() - from < 1000) {
+              if (ptx::mbar_test_wait(ptx::smem_u32(&full[stage]), phase)) asm volatile("" ::: "memory");
+              if constexpr ((kProbe & 16384) != 0) __nanosleep(100);
+            }
+          }
           if constexpr ((kProbe & 64) != 0) continue;  // probe: no ring (the consumers neither wait nor release)
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceProducerReady);
           const u32 wait_from = kTraceBlockWaits ? trace_now32() : 0u;
-          if constexpr ((kProbe & 128) == 0) ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          if constexpr ((kProbe & 1024) != 0) __nanosleep(1000);  // probe: an active producer that touches no barrier
+          if constexpr ((kProbe & (4096 | 8192)) != 0) {  // probe: the producer polls a barrier, whatever its state
+            u64* polled = (kProbe & 4096) != 0 ? &full[stage] : &empty[stage];
+            for (int j = 0; j < 8; ++j) {
+              if (ptx::mbar_test_wait(ptx::smem_u32(polled), phase ^ 1u)) asm volatile("" ::: "memory");
+              __nanosleep(100);
+            }
+          }
+          if constexpr ((kProbe & 2048) != 0) {  // probe: a producer that spins, touching no barrier
+            const long long from = clock64();
+            while (clock64() - from < 1000) {
+            }
+          }
+          if constexpr ((kProbe & (128 | 1024 | 2048 | 4096 | 8192)) == 0) ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
           if (kTraceBlockWaits) trace_add_since(kTraceProducerWait, wait_from);
           if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
             if constexpr ((kProbe & 512) == 0) ptx::mbar_arrive(&full[stage]);

@@ -121,6 +121,19 @@ RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
   return ok != 0;
 }
 
+// The same check without suspending: returns at once (no hardware wait for the phase).
+RAWFLUX_DEVICE bool mbar_test_wait(u32 bar_addr, u32 parity) {
+  u32 ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar_addr), "r"(parity)
+      : "memory");  // acquire.cta, as mbar_try_wait's
+  return ok != 0;
+}
+
 // Waits for the phase of parity `parity` of the barrier at 32-bit shared address `addr` (the k
 // loop's form) to complete. Bounded: a pipeline that stops moving (a bug, never normal operation)
 // ends in a trap after timeout_ns instead of hanging the GPU; the clock is read only every 4096
