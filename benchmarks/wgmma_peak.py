@@ -110,10 +110,7 @@ __global__ void __launch_bounds__(384, 1) wgmma_peak(const uint4* src, unsigned 
   if (kRegs && wg == 2) {  // the engine's producer warpgroup: 40 registers, and it never reaches the consumers' code
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (kRing && threadIdx.x == 256) {
-      if (kPad > 0 && blocks < 0) {  // never (blocks >= 1): code placement only
-#pragma unroll
-        for (int i = 0; i < kPad / 16; ++i) asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(reinterpret_cast<u32*>(sink) + i), "r"(0u) : "memory");
-      }
+      if (kPad > 0 && blocks < 0) dead_code_pad<kPad>(reinterpret_cast<u32*>(sink));  // never (blocks >= 1): code placement only
       u8* sm = smem_raw + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
       u64* f = reinterpret_cast<u64*>(sm + kStages * (kStageA + kStageB)) + (kLayout ? 0 : 2);
       if (kTma && blocks < 0) ptx::tma_load_2d(sm, reinterpret_cast<const TensorMap*>(sink), f, 0, 0);  // never (blocks >= 1)

@@ -243,11 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       if constexpr (kCodePad > 0) {
-        if (p.m < 0) {  // never: the host rejects m < 1 (RAWFLUX_CODE_PAD: code placement only)
-          u32* sink = reinterpret_cast<u32*>(p.counters);
-#pragma unroll
-          for (int i = 0; i < kCodePad / 16; ++i) asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(sink + i), "r"(0u) : "memory");
-        }
+        if (p.m < 0) dead_code_pad<kCodePad>(reinterpret_cast<u32*>(p.counters));  // never: the host rejects m < 1
       }
       // The ring's addresses derived afresh here: a pointer kept from before setmaxnreg would be
       // spilled (the producer runs in 40 registers).
