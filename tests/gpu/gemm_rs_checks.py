@@ -578,13 +578,9 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
         if os.environ.get("GEMM_RS_PERF_TRACE"):
             print(f"perf-trace rank {comm.rank} {time.monotonic() - trace_t0:8.3f} s {what}", flush=True)
 
-    # The delay kernel is compiled on every rank, and every rank is past its compile, before any
-    # timing: on a fresh JIT cache one rank's first-use compile held the other rank's fused calls
-    # (session 22, two real GPUs: a first batch at 34 ms per call in the first run only).
     from rawflux.jit import get_kernel
 
-    get_kernel("bench_delay.cu", "rawflux::bench_delay_kernel")
-    comm.Barrier()
+    get_kernel("bench_delay.cu", "rawflux::bench_delay_kernel")  # compiled before any timing
     for m in (1024, 4096):
         trace(f"m={m} begin")
         with cupy.cuda.Device(g.device_id):
@@ -603,6 +599,11 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
                 trace("gemm queued")
                 op.synchronize(s)
                 trace("synced after first call")
+                # Every rank past its first-use compiles before the timing: on a fresh JIT cache
+                # the local GEMM's compile above ends at different times on different ranks, and
+                # a rank that starts its batch first has its fused calls wait for the later one
+                # (session 22, two real GPUs: a first batch at 34-37 ms per call, first run only).
+                comm.Barrier()
                 slow = []
                 t_rs = _batch_us(lambda: op(a, b, out=out, stream=s), s, slowest=slow)
                 trace("fused timed")
