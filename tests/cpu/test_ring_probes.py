@@ -1,6 +1,6 @@
-"""Sessions 19-20's instruments for the k loop's cost per k block compile as they must: the ring probes
+"""Sessions 19-22's instruments for the k loop's cost per k block compile as they must: the ring probes
 (RAWFLUX_PROBE 64 ... 32768, config.cuh), RAWFLUX_CODE_PAD, and the trace build without its per-k-block wait
-sums (RAWFLUX_TRACE_BLOCK_WAITS=0) on the 128x256 tile they were used on, without spills or
+sums (RAWFLUX_TRACE_BLOCK_WAITS=0) and with the phase stamps (RAWFLUX_TRACE_PHASE) on the 128x256 tile they were used on, without spills or
 serialized wgmma; probe 128 alone is refused at compile time; benchmarks/wgmma_peak.py's kernels
 compile clean; benchmarks/gemm_kloop.py's compile pass. The GPU half (what they measured) is in
 docs/gemm-notes.md, sessions 19 and 20."""
@@ -41,6 +41,9 @@ def _name():
         ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=32835"),
         ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_PROBE=3", "-DRAWFLUX_CODE_PAD=8192"),
         ("-DRAWFLUX_CODE_PAD=8192",),
+        # session 22: the per-block phase stamps of both consumer warpgroups
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_TRACE_PHASE=1"),
+        ("-DRAWFLUX_TRACE=1", "-DRAWFLUX_TRACE_BLOCK_WAITS=0", "-DRAWFLUX_TRACE_PHASE=1", "-DRAWFLUX_PROBE=771"),
     ],
 )
 def test_ring_probe_builds_compile_clean(defines):
@@ -144,3 +147,47 @@ def test_kloop_compile_pass(monkeypatch, capsys):
     assert timed == ["", "RAWFLUX_PROBE=3", "RAWFLUX_PROBE=387"]
     out = capsys.readouterr().out
     assert out.count("1039.0") == 3, out
+
+
+def _phase_stamps(nkb, group, turn, skew=0):
+    """Synthetic RAWFLUX_TRACE_PHASE stamps: warpgroups 1 and 0 take turns on the pipe, each group
+    `group` cycles long; a warpgroup is ready `turn` cycles after its previous completion and issues
+    40 cycles later (warpgroup 0 `skew` cycles later still)."""
+    import numpy as np
+
+    from gemm_phase import BLOCKS, DONE, ISSUED, KINDS, READY
+
+    st = np.zeros((16, 2, KINDS, BLOCKS), dtype=np.int64)
+    t = 10_000
+    free = t
+    prev_done = {0: t - 2 * group, 1: t - group}
+    for i in range(nkb):
+        for wg in (1, 0):
+            ready = prev_done[wg] + turn + (skew if wg == 0 else 0)
+            issued = ready + 40
+            start = max(issued, free)
+            done = start + group
+            st[:, wg, READY, i], st[:, wg, ISSUED, i], st[:, wg, DONE, i] = ready, issued, done
+            prev_done[wg] = free = done
+    st[:, :, :, :nkb] = (st[:, :, :, :nkb] + (1 << 32) - 15_000) % (1 << 32)  # the SM clock wraps: the analysis must not care
+    st[3] = 0  # a CTA past the recorded ones: left out
+    return st
+
+
+def test_phase_analysis():
+    """benchmarks/gemm_phase.py's reading of the stamps: a busy pipe (the next group issued before the
+    previous ends) has no bubble and exec = the group's time; a late issue shows as a bubble."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import numpy as np
+    from gemm_phase import analyse
+
+    busy = analyse(_phase_stamps(200, group=520, turn=150), nkb=200, skip=10)
+    assert np.all(busy["exec"] == 520) and not busy["bubble_hi"].any() and not busy["bubble_lo"].any()
+    assert np.all(busy["period"] == 1040) and np.all(busy["d"] == -520)
+    assert np.all(busy["turn0"] == 150) and np.all(busy["issue1"] == 40)
+    late = analyse(_phase_stamps(200, group=520, turn=150, skew=400), nkb=200, skip=10)
+    assert late["bubble_hi"].max() == 70 and late["bubble_lo"].max() == 30  # 150 + 400 + 40 - 520, 150 + 400 - 520
+    assert np.all(late["exec"] == 520)
+    assert np.all(late["period"] == 1040 + 70)
+    empty = analyse(np.zeros((16, 2, 3, 2048), dtype=np.uint32), nkb=200, skip=10)
+    assert empty["period"].size == 0

@@ -178,6 +178,15 @@ constexpr bool kTrace = RAWFLUX_TRACE != 0;
 // Session 19 measured the sums at about 50 cycles per k block of 128x256 (1039 -> 1086-1092), more
 // than the gaps they were used to explain.
 constexpr bool kTraceBlockWaits = kTrace && RAWFLUX_TRACE_BLOCK_WAITS != 0;
+#ifndef RAWFLUX_TRACE_PHASE
+#define RAWFLUX_TRACE_PHASE 0
+#endif
+// With RAWFLUX_TRACE: 1 stamps (%clock) three points of every k block in the first thread of each
+// of the first two consumer warpgroups, in the first kPhaseCtas CTAs (gemm/trace.cuh,
+// benchmarks/gemm_phase.py): full wait returned, group issued, group completed. Session 22 used it
+// to tell a slower tensor pipe from an idle one. It costs: one stamp ~30 cycles per k block of
+// 128x256, all three ~90 (compare variants under the same build only).
+constexpr bool kTracePhase = kTrace && RAWFLUX_TRACE_PHASE != 0;
 
 // Fewest equal n chunks of a warpgroup's kWN columns with each chunk at most RAWFLUX_WGMMA_N_MAX
 // (and 256) wide and a multiple of `unit` (16 for K-major B, 64 for the kn layout's column chunks).

@@ -578,6 +578,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const u32 a_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageABytes / 16) : a_base0 + st * Cfg::kStageABytes;
         const u32 b_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageBBytes / 16) : b_base0 + st * Cfg::kStageBBytes;
         if constexpr (kOrdered) wait_turn();
+        if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseReady);
         ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
@@ -585,9 +586,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
+        if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseIssued);
         hook();
         if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
+          if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseDone);
           if constexpr ((kProbe & 64) == 0) release(st);
         } else {
           if constexpr (kOrdered) pass_turn();

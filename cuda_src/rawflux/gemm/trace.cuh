@@ -42,6 +42,18 @@ __device__ unsigned long long rawflux_trace[rawflux::kTraceCtas * rawflux::kTrac
 #endif
 
 namespace rawflux {
+// RAWFLUX_TRACE_PHASE (config.cuh): the stamps go to the module global rawflux_phase, indexed
+// [cta][warpgroup][kind][k block] for CTAs < kPhaseCtas and k blocks < kPhaseBlocks of a tile.
+constexpr int kPhaseCtas = 16, kPhaseBlocks = 2048;
+enum : u32 { kPhaseReady = 0, kPhaseIssued = 1, kPhaseDone = 2 };
+}  // namespace rawflux
+#if RAWFLUX_TRACE && RAWFLUX_TRACE_PHASE
+extern "C" {
+__device__ unsigned int rawflux_phase[rawflux::kPhaseCtas * 2 * 3 * rawflux::kPhaseBlocks];
+}
+#endif
+
+namespace rawflux {
 
 // True in thread `t` of the CTA; %tid.x read afresh (volatile), so no predicate computed earlier
 // stays live across the consumers' loops (ptxas spilled the 128x320 tile's accumulators for one).
@@ -114,6 +126,20 @@ RAWFLUX_DEVICE void trace_add_since(int slot, u32 since) {
 #if RAWFLUX_TRACE
   const u32 cta = trace_cta();
   if (cta < (unsigned)kTraceCtas) atomicAdd(&rawflux_trace[cta * kTraceSlots + slot], (u64)(trace_now32() - since));
+#endif
+}
+
+// RAWFLUX_TRACE_PHASE: consumer warpgroup `consumer`'s stamp `kind` (kPhaseReady: its full wait
+// returned; kPhaseIssued: its group issued, after the commit; kPhaseDone: its group completed,
+// after wait_group 0) of k block i, taken by its thread tid == 0.
+RAWFLUX_DEVICE void trace_phase(u32 consumer, u32 tid, i32 i, u32 kind) {
+#if RAWFLUX_TRACE && RAWFLUX_TRACE_PHASE
+  const u32 cta = trace_cta();
+  if (tid == 0 && consumer < 2 && cta < (u32)kPhaseCtas && i < kPhaseBlocks) {
+    u32 t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t) :: "memory");
+    rawflux_phase[((cta * 2 + consumer) * 3 + kind) * kPhaseBlocks + i] = t;
+  }
 #endif
 }
 
