@@ -57,12 +57,32 @@ def analyse(stamps, nkb: int, skip: int) -> dict:
     return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in out.items()}
 
 
+def last_blocks(stamps, nkb: int) -> list[tuple[int, int, int, int, int]]:
+    """For a run caught mid-way (--snapshot): per recorded CTA and warpgroup, how many k blocks
+    have each stamp (ready, issued, done), as (cta, wg, ready, issued, done). Stamps are written
+    in block order, so the count is also the next block the warpgroup had not reached."""
+    import numpy as np
+
+    st = np.asarray(stamps)
+    out = []
+    for c in range(st.shape[0]):
+        for wg in (0, 1):
+            counts = [int(np.count_nonzero(st[c, wg, kind, :nkb])) for kind in (READY, ISSUED, DONE)]
+            if any(counts):
+                out.append((c, wg, *counts))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tile", default="128x256x64s4c1w2")
     ap.add_argument("--k", type=int, default=131072)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip", type=int, default=64, help="k blocks left out at the start (the ring's fill)")
+    ap.add_argument("--snapshot", type=float, default=0.0,
+                    help="seconds: launch once, copy the stamps on another stream this long after the launch (while a "
+                         "hung kernel still waits; set RAWFLUX_WAIT_TIMEOUT_S above it) and print how far each "
+                         "warpgroup got, then wait for the kernel")
     args = ap.parse_args(argv)
     os.environ["RAWFLUX_NVRTC_DEFINES"] = (os.environ.get("RAWFLUX_NVRTC_DEFINES", "")
                                            + " RAWFLUX_TRACE=1 RAWFLUX_TRACE_BLOCK_WAITS=0 RAWFLUX_TRACE_PHASE=1").strip()
@@ -94,6 +114,23 @@ def main(argv=None) -> int:
         cupy.cuda.UnownedMemory(kern._module.get_global_var("rawflux_phase"), size * 4, kern._module), 0))
     nkb = min(k // getattr(t, "bk", 64), BLOCKS)
     print(f"{os.environ['RAWFLUX_NVRTC_DEFINES']}: {sms} tiles {t.bm}x{t.bn} ({m}x{n}), k {k}, blocks {args.skip}..{nkb}", flush=True)
+    if args.snapshot > 0:
+        import time
+
+        buf.fill(0)
+        torch.cuda.synchronize()
+        run_stream, copy_stream = torch.cuda.Stream(), cupy.cuda.Stream(non_blocking=True)
+        with torch.cuda.stream(run_stream):
+            g.gemm(a, w, out=o, config=cfg)
+        time.sleep(args.snapshot)
+        snap = buf.get(stream=copy_stream)
+        copy_stream.synchronize()
+        done = run_stream.query()
+        print(f"snapshot after {args.snapshot} s (kernel finished: {done}); k blocks with each stamp, of {nkb}:", flush=True)
+        for c, wg, r, i_, d in last_blocks(snap, nkb):
+            print(f"  cta {c:2d} wg {wg}: ready {r:5d}  issued {i_:5d}  done {d:5d}", flush=True)
+        run_stream.synchronize()
+        return 0
     runs = []
     for _ in range(args.reps):
         buf.fill(0)

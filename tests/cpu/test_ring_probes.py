@@ -191,3 +191,15 @@ def test_phase_analysis():
     assert np.all(late["period"] == 1040 + 70)
     empty = analyse(np.zeros((16, 2, 3, 2048), dtype=np.uint32), nkb=200, skip=10)
     assert empty["period"].size == 0
+
+
+def test_phase_snapshot_counts():
+    """--snapshot: how far each warpgroup got, counted from the stamps present."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import numpy as np
+    from gemm_phase import BLOCKS, DONE, ISSUED, KINDS, READY, last_blocks
+
+    st = np.zeros((16, 2, KINDS, BLOCKS), dtype=np.uint32)
+    st[0, 0, READY, :10] = st[0, 0, ISSUED, :10] = st[0, 0, DONE, :9] = 7
+    st[0, 1, READY, :12] = st[0, 1, ISSUED, :11] = st[0, 1, DONE, :11] = 9
+    assert last_blocks(st, 64) == [(0, 0, 10, 10, 9), (0, 1, 12, 11, 11)]
