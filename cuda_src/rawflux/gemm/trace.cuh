@@ -33,23 +33,19 @@ enum : int {
   kTraceSlots = 14
 };
 
+// RAWFLUX_TRACE_PHASE (config.cuh): the stamps go to the module global rawflux_phase, indexed
+// [cta][warpgroup][kind][k block] for CTAs < kPhaseCtas and k blocks < kPhaseBlocks of a tile.
+constexpr int kPhaseCtas = 16, kPhaseBlocks = 2048;
+enum : u32 { kPhaseReady = 0, kPhaseIssued = 1, kPhaseDone = 2 };
+
 }  // namespace rawflux
 
 #if RAWFLUX_TRACE
 extern "C" {
 __device__ unsigned long long rawflux_trace[rawflux::kTraceCtas * rawflux::kTraceSlots];
-}
-#endif
-
-namespace rawflux {
-// RAWFLUX_TRACE_PHASE (config.cuh): the stamps go to the module global rawflux_phase, indexed
-// [cta][warpgroup][kind][k block] for CTAs < kPhaseCtas and k blocks < kPhaseBlocks of a tile.
-constexpr int kPhaseCtas = 16, kPhaseBlocks = 2048;
-enum : u32 { kPhaseReady = 0, kPhaseIssued = 1, kPhaseDone = 2 };
-}  // namespace rawflux
-#if RAWFLUX_TRACE && RAWFLUX_TRACE_PHASE
-extern "C" {
+#if RAWFLUX_TRACE_PHASE
 __device__ unsigned int rawflux_phase[rawflux::kPhaseCtas * 2 * 3 * rawflux::kPhaseBlocks];
+#endif
 }
 #endif
 
