@@ -43,7 +43,8 @@ class TileConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.bm, self.bn, self.stages) + (16 if self.cluster_k > 1 else 0)  # + the pair's two barriers
+        # + the k-split pair's two barriers and the consumer refill's release counts (GemmCfg::kBarrierBytes)
+        return smem_bytes(self.bm, self.bn, self.stages) + 16 + 4 * self.stages
 
     @property
     def wn(self) -> int:

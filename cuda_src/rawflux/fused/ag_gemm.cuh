@@ -45,6 +45,9 @@ struct AgWait {
     i32 pad;
   };
 
+  // The proxy fence below orders the producer's TMA loads only: a consumer's would need its own.
+  static constexpr bool kConsumerRefill = false;
+
   // Producer thread, before the TMA loads of A rows [m0, m0 + rows). On a failed wait the record
   // is written (and the group aborted, so later waits return at once); the tile then reads
   // whatever is there and the host raises at the next raise_if_failed / synchronize.

@@ -151,6 +151,22 @@ constexpr int kCodePad = RAWFLUX_CODE_PAD;
 // from registers instead of staged gained nothing. 0: every box at the tile's end.
 constexpr bool kEpiDefer = RAWFLUX_EPI_DEFER != 0;
 
+#ifndef RAWFLUX_REFILL
+#define RAWFLUX_REFILL 1
+#endif
+// 1 (default since session 23; docs/gemm-notes.md): the consumers refill the stage ring. The
+// producer loads only a work unit's first kStages k blocks; from then on the last consumer warp to
+// finish with a stage (a count per stage in shared memory, one atomic add per warp) loads the k
+// block kStages ahead into it, right after it issues its next wgmma group. Where no producer
+// watches the releases the k loop of 128x256 runs at 1025.5 cycles per k block against 1038.9
+// (benchmarks/gemm_kloop.py, session 22): a producer that waits on the releases slows every
+// consumer warpgroup's wgmma group by ~7.5 cycles, whatever primitive it waits with. Session 23:
+// 1024.6 (no cluster) and 1025.6 (2x1 pair) against 1039, output bits unchanged; median ratio to
+// cuBLAS +0.6 points at m >= 1024. Taken by the wide tiles (128 x 224 and up), without multicast
+// or in the 2x1 pair, where the prologue allows it (gemm_kernel's kRefill); 0: the producer loads
+// every k block.
+constexpr bool kRefillOn = RAWFLUX_REFILL != 0;
+
 #ifndef RAWFLUX_DYN_SCHED
 #define RAWFLUX_DYN_SCHED 0
 #endif
@@ -240,7 +256,9 @@ struct GemmCfg {
   static constexpr int kStageABytes = BM_ * kRowBytes;    // A tile: BM rows (m) of BK
   static constexpr int kStageBBytes = BN_ * kRowBytes;    // B tile: BN rows (n) of BK, or BK rows (k) of BN
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
-  static constexpr int kBarrierBytes = 2 * kStages_ * 8 + (kClusterK_ > 1 ? 16 : 0);  // + the k-split pair's two
+  // full[] and empty[], the k-split pair's two barriers (their place kept for every tile), then the
+  // consumer refill's release counts (u32 per stage; gemm_kernel).
+  static constexpr int kBarrierBytes = 2 * kStages_ * 8 + 16 + 4 * kStages_;
   // +1024: the dynamic shared window is only 16-byte aligned; tiles need 1024 (swizzle atom).
   static constexpr int kSmemBytes = 1024 + kStages_ * kStageBytes + kBarrierBytes;
 

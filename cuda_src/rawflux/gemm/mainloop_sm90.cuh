@@ -177,6 +177,80 @@ RAWFLUX_DEVICE bool ksplit_exchange(float (&acc)[Cfg::kAccRegs], u64* ksplit_bar
 // ragged last tile row and of a tile wholly past m (GemmParams::a_tail_rows).
 enum : int { kALoadFull = 0, kALoadTail = 1 };
 
+// Whether the tile whose A rows start at m0 loads A through the tail map (kALoadTail): a cluster's
+// idle CTA, or a ragged last row where m spans more than one box (within one box, a_box_rows
+// already cut the main map's box to m).
+template <class Cfg>
+RAWFLUX_DEVICE bool a_tail_box(const GemmParams& p, i32 m0) {
+  return Cfg::kClusterN == 1 && p.a_tail_rows > 0 && (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
+}
+
+// Bytes a stage receives with A loaded as kAMode: the rows A's box(es) leave out are not counted.
+template <class Cfg, int kAMode>
+RAWFLUX_DEVICE u32 stage_tx(const GemmParams& p) {
+  const i32 a_load = kAMode == kALoadTail ? p.a_tail_rows : p.a_box_rows > 0 ? p.a_box_rows : Cfg::kBoxARows;
+  return (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - a_load) * Cfg::kClusterN * Cfg::kRowBytes);
+}
+
+// Arms full[stage] for tx bytes and issues k block kb's TMA loads into the stage: A's box at row m0
+// (this CTA's slice a_slice of a multicast A), B's box at column n_tile0 (slice b_slice). The
+// producer's loads, and the consumers' refill (kRefill).
+// The consumer refill of a 2x1 cluster (two CTAs along m share B): CTA `cta`'s loads of k block kb
+// into its stage, issued from either CTA. Armed on that CTA's full barrier; A's box (row m0, that
+// CTA's) goes to it alone, its half of B to both, as its producer would load them.
+template <class Cfg, int kAMode>
+RAWFLUX_DEVICE void load_kblock_for(const TensorMap& tmap_a, const TensorMap& tmap_a_tail, const TensorMap& tmap_b, u8* smem_a,
+                                    u8* smem_b, u64* full, u32 stage, i32 kb, i32 m0, i32 n_tile0, u32 cta, u32 tx) {
+  static_assert(Cfg::kClusterM == 2 && Cfg::kClusterN == 1, "a pair along m");
+  ptx::mbar_arrive_expect_tx_cluster(ptx::smem_u32(&full[stage]), cta, tx);
+  u8* sa = smem_a + stage * Cfg::kStageABytes;
+  ptx::tma_load_2d_multicast(sa, kAMode == kALoadTail ? &tmap_a_tail : &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)(1u << cta));
+  const i32 b_slice = (i32)cta * Cfg::kBoxBRows;
+  u8* sb = smem_b + stage * Cfg::kStageBBytes + b_slice * Cfg::kRowBytes;
+  if constexpr (Cfg::kBLayout == kLayoutNK) {
+    ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n_tile0 + b_slice, (u16)3u);
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < Cfg::kBChunks; ++ch) {
+      ptx::tma_load_2d_multicast(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n_tile0 + ch * 64, kb * Cfg::kBK + b_slice, (u16)3u);
+    }
+  }
+}
+
+template <class Cfg, int kAMode>
+RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a_tail, const TensorMap& tmap_b, u8* smem_a,
+                                u8* smem_b, u64* full, u32 stage, i32 kb, i32 m0, i32 n_tile0, i32 a_slice, i32 b_slice, u32 tx) {
+  ptx::mbar_arrive_expect_tx(&full[stage], tx);
+  u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
+  if constexpr (Cfg::kClusterN > 1) {
+    ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
+  } else if constexpr (kAMode == kALoadTail) {
+    ptx::tma_load_2d(sa, &tmap_a_tail, &full[stage], kb * Cfg::kBK, m0);
+  } else {
+    ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
+  }
+  u8* sb = smem_b + stage * Cfg::kStageBBytes + b_slice * Cfg::kRowBytes;
+  if constexpr (Cfg::kBLayout == kLayoutNK) {
+    const i32 n0 = n_tile0 + b_slice;
+    if constexpr (Cfg::kClusterM > 1) {
+      ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0, (u16)((1u << Cfg::kClusterSize) - 1));
+    } else {
+      ptx::tma_load_2d(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0);
+    }
+  } else {
+    const i32 k0 = kb * Cfg::kBK + b_slice;
+#pragma unroll
+    for (int ch = 0; ch < Cfg::kBChunks; ++ch) {
+      const i32 n0 = n_tile0 + ch * 64;
+      if constexpr (Cfg::kClusterM > 1) {
+        ptx::tma_load_2d_multicast(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0, (u16)((1u << Cfg::kClusterSize) - 1));
+      } else {
+        ptx::tma_load_2d(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0);
+      }
+    }
+  }
+}
+
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
@@ -203,6 +277,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kDyn = SchedT::kDynamic;
   constexpr u32 kIdSlots = kStages + 1;
   u64* id_full = ksplit_bar + 2;  // then the ring: u32 ids[kIdSlots]
+  // Consumer refill (config.cuh, RAWFLUX_REFILL): past a work unit's first kStages k blocks, the
+  // last consumer warp to release a stage loads the block kStages ahead into it. Every consumer
+  // warp of the CTAs that share a stage counts its release into each one's count (a 2x1 cluster:
+  // both CTAs', and the warp that completes a CTA's count issues that CTA's loads, from either
+  // CTA). With wait_group 0 (a stage is released at once), without probes or the dynamic order
+  // (whose ticket ring lies where the counts do), and where the prologue allows it (its wait
+  // orders only the producer's own loads).
+  // Wide tiles only (a k block of at least 128 x 224, 896 tensor-pipe cycles): the refill issues a
+  // stage's loads one k block later than a producer would, which the narrower tiles' shorter
+  // blocks do not cover where they run (m <= 1024, memory-bound: 128x96 at m = 256 fell from 0.94
+  // to 0.78 of cuBLAS, 128x192 at m = 1024 from 0.99 to 0.97; session 23, docs/gemm-notes.md).
+  constexpr bool kPairM = Cfg::kClusterM == 2 && Cfg::kClusterN == 1;
+  constexpr bool kRefill = kRefillOn && kWait0 && Cfg::kBM * Cfg::kBN >= 128 * 224 && (Cfg::kMcastSize == 1 || kPairM) && !kDyn &&
+                           kProbe == 0 && Prologue::kConsumerRefill;
+  constexpr u32 kReleasers = 4 * Cfg::kConsumers * Cfg::kMcastSize;  // consumer warps that release each stage
+  u32* released = reinterpret_cast<u32*>(id_full);  // releases of stage s so far (kReleasers per use)
 
   // Special registers are read again inside each role, after setmaxnreg: a value live across the
   // register-count change would be spilled.
@@ -229,6 +319,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (u32 s = 0; s < kIdSlots; ++s) ptx::mbar_init(&id_full[s], 1);  // the leader producer's hand-over
     }
+    if constexpr (kRefill) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) released[s] = 0u;  // seen by every role after the barrier below
+    }
     ptx::fence_mbar_init();
   }
   if constexpr (kCluster) {
@@ -252,11 +346,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       u8* smem_b = smem + kStages * Cfg::kStageABytes;
       u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
       u64* empty = full + kStages;
+      u32* released = reinterpret_cast<u32*>(empty + kStages + 2);  // kRefill's counts, after the k-split pair
       const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
       const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
       SchedT sched(p, cluster_id, (i32)cta_rank);
       WorkTile w;
       u32 stage = 0, phase = 0;
+      u32 round = 0;  // kRefill: uses of the ring's stages before the current one (phase = round's parity)
       // Dynamic order: on when the host passes the ticket counters to a data-parallel launch.
       const bool dyn = kDyn && p.splits == 1 && p.sk_tiles == 0 && p.counters != 0;
       u32 tickets = 0;  // tiles begun: the ticket ring's cursor
@@ -300,10 +396,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto k_loop = [&](auto mode) {
         constexpr int kAMode = decltype(mode)::value;
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
-        const i32 a_load = kAMode == kALoadTail ? p.a_tail_rows : p.a_box_rows > 0 ? p.a_box_rows : Cfg::kBoxARows;
-        // Bytes a stage receives: the rows A's box(es) leave out are not counted.
-        const u32 tx = (u32)(Cfg::kStageBytes - (Cfg::kBoxARows - a_load) * Cfg::kClusterN * Cfg::kRowBytes);
-        for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+        const u32 tx = stage_tx<Cfg, kAMode>(p);
+        // kRefill: the unit's first kStages blocks; the consumers load the rest.
+        const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
+        for (i32 kb = w.kb_begin; kb < kb_stop; ++kb) {
           if constexpr ((kProbe & 64) != 0 && (kProbe & (16384 | 32768)) != 0) {  // probe: no ring, a producer polling a dead barrier
             const long long from = clock64();
             while (clock64() - from < 1000) {
@@ -327,7 +423,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             while (clock64() - from < 1000) {
             }
           }
-          if constexpr ((kProbe & (128 | 1024 | 2048 | 4096 | 8192)) == 0) ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          if constexpr (kRefill) {
+            // every consumer warp released the stage's previous use (round - 1); a count, not a
+            // parity: the producer skips the blocks the consumers load and may be rounds ahead
+            ptx::wait_count_geq<(Cfg::kMcastSize > 1)>(ptx::smem_u32(&released[stage]), round * kReleasers, p.timeout_ns);
+          } else if constexpr ((kProbe & (128 | 1024 | 2048 | 4096 | 8192)) == 0) {
+            ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          }
           if (kTraceBlockWaits) trace_add_since(kTraceProducerWait, wait_from);
           if constexpr ((kProbe & 2) != 0) {  // probe: no loads, the stage is "full" at once
             if constexpr ((kProbe & 512) == 0) ptx::mbar_arrive(&full[stage]);
@@ -337,49 +439,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             continue;
           }
-          ptx::mbar_arrive_expect_tx(&full[stage], tx);
-          u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
-          if constexpr (Cfg::kClusterN > 1) {
-            ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
-          } else if constexpr (kAMode == kALoadTail) {
-            ptx::tma_load_2d(sa, &tmap_a_tail, &full[stage], kb * Cfg::kBK, m0);
-          } else {
-            ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
-          }
-          u8* sb = smem_b + stage * Cfg::kStageBBytes + b_slice * Cfg::kRowBytes;
-          if constexpr (Cfg::kBLayout == kLayoutNK) {
-            const i32 n0 = w.tile_n * Cfg::kBN + b_slice;
-            if constexpr (Cfg::kClusterM > 1) {
-              ptx::tma_load_2d_multicast(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0, (u16)((1u << Cfg::kClusterSize) - 1));
-            } else {
-              ptx::tma_load_2d(sb, &tmap_b, &full[stage], kb * Cfg::kBK, n0);
-            }
-          } else {
-            const i32 k0 = kb * Cfg::kBK + b_slice;
-#pragma unroll
-            for (int ch = 0; ch < Cfg::kBChunks; ++ch) {
-              const i32 n0 = w.tile_n * Cfg::kBN + ch * 64;
-              if constexpr (Cfg::kClusterM > 1) {
-                ptx::tma_load_2d_multicast(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0,
-                                           (u16)((1u << Cfg::kClusterSize) - 1));
-              } else {
-                ptx::tma_load_2d(sb + ch * Cfg::kChunkBytes, &tmap_b, &full[stage], n0, k0);
-              }
-            }
-          }
+          load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, w.tile_n * Cfg::kBN, a_slice,
+                                   b_slice, tx);
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceFirstLoad);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
+            if constexpr (kRefill) ++round;
+          }
+        }
+        if constexpr (kRefill) {  // past the blocks the consumers load
+          const u32 skip = (u32)max(0, w.kb_end - kb_stop);
+          stage += skip % kStages;
+          round += skip / kStages;
+          if (stage >= kStages) {
+            stage -= kStages;
+            ++round;
           }
         }
       };
       while (kDyn ? fetch() : sched.next(p, w)) {
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
-        // The tail map: a cluster's idle CTA, or a ragged last row where m spans more than one box
-        // (within one box, a_box_rows already cut the main map's box to m). Decided before the
-        // prologue's wait, so that only a predicate lives across it (a row count kept across
-        // AgWait's loop costs AG-GEMM's producer a spill).
+        // The tail map: a_tail_box, written out (the call, by reference or by value, costs AG-GEMM's
+        // producer a spill). Decided before the prologue's wait, so that only a predicate lives
+        // across it (a row count kept across AgWait's loop costs the same spill).
         const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
                           (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
         Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
@@ -537,7 +620,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Deferred C boxes (kEpiDefer, config.cuh): the last kDeferBoxes boxes of the previous tile's
     // fragment, packed to 16 bits, wait in `held` and are stored between the wgmma issue and wait
     // of this tile's first k block, while the tensor pipe runs.
-    constexpr int kDeferBoxes = DeferTraits<Epilogue, Cfg>::kBoxes;
+    // 128 accumulators leave ptxas room for a deferred box or the consumer refill, not both (both:
+    // 20 to 68 bytes of spills in the 128x256 pair); the refill gains more (docs/gemm-notes.md).
+    constexpr int kDeferBoxes = kRefill && Cfg::kAccRegs >= 128 ? 0 : DeferTraits<Epilogue, Cfg>::kBoxes;
     constexpr bool kDefer = kDeferBoxes > 0;
     constexpr int kNowBoxes = Cfg::kWN / 64 - kDeferBoxes;  // stored at the tile's end
     u32 held[kDefer ? kDeferBoxes : 1][TmaStore::kBoxRegs];
@@ -554,6 +639,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     while (kDyn ? fetch() : sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
+      // kRefill, lane l < kMcastSize: CTA l's count of the previous block's stage before this
+      // warp's add (0 at a unit's start: no refill owed). Read only after the next wgmma commit:
+      // the add's round trip (to the peer CTA's count in a pair) overlaps the next block's wait and
+      // issue instead of delaying them (a pair that reads it at once: 1065 cycles per k block
+      // against 1039 without the refill), and the refill's loads are issued off the turnaround
+      // between the warpgroups' groups (issued at once: 1050 cycles, not 1025).
+      u32 counted = 0;
+      // The consumers' refill of CTA cta's stage rs with k block kb, as that CTA's producer would
+      // load it (a 2x1 pair: cta's own tile row, its half of B).
+      auto refill = [&](u32 rs, i32 rel, u32 cta) {
+        const i32 kb = w.kb_begin + rel;
+        const i32 n0 = w.tile_n * Cfg::kBN;
+        const i32 row = kPairM ? w.tile_m - (i32)cta_rank + (i32)cta : w.tile_m;  // CTA cta's tile row
+        auto load = [&](auto mode) {
+          constexpr int kAMode = decltype(mode)::value;
+          if constexpr (kPairM) {
+            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, cta,
+                                         stage_tx<Cfg, kAMode>(p));
+          } else {  // no multicast: A's slice and B's are the whole tile
+            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, 0, 0,
+                                     stage_tx<Cfg, kAMode>(p));
+          }
+        };
+        if (a_tail_box<Cfg>(p, row * Cfg::kBM)) {
+          load(Int<kALoadTail>{});
+        } else {
+          load(Int<kALoadFull>{});
+        }
+      };
       const u32 tile_from = kTracePhases ? trace_clock32() : 0u;
       if (kTrace && trace_thread(128) && nkb > 0 && (kProbe & (64 | 256)) == 0) {  // stamps outside the k loop: no register there
         trace_stamp(kTraceConsumerReady);
@@ -586,12 +700,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
         }
         ptx::wgmma_commit();
+        if constexpr (kRefill) {
+          // this lane completed CTA l's count of the previous block's stage: load the block kStages on
+          if (counted % kReleasers == kReleasers - 1 && i - 1 + kStages < nkb) {
+            ptx::fence_acq_rel_cta();  // acquire: the other warps' adds (after their reads of the stage) before this lane's refill of it
+            refill(st == 0 ? kStages - 1 : st - 1, i - 1 + kStages, lane);
+          }
+        }
         if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseIssued);
         hook();
         if constexpr (kWait0) {
           ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
           if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseDone);
-          if constexpr ((kProbe & 64) == 0) release(st);
+          if constexpr (kRefill) {
+            if (lane < (u32)Cfg::kMcastSize) {  // lane l counts into CTA l's count (lane 0 alone without a cluster)
+              const u32 count = bar_addr0 + 8u * (2 * kStages + 2) + 4u * st;
+              counted = Cfg::kMcastSize > 1 ? ptx::atom_add_relaxed_cluster_shared(ptx::mapa_shared(count, lane), 1u)
+                                            : ptx::atom_add_relaxed_cta_shared(count, 1u);
+            }
+          } else if constexpr ((kProbe & 64) == 0) {
+            release(st);
+          }
         } else {
           if constexpr (kOrdered) pass_turn();
           if (i > 0) {

@@ -7,6 +7,9 @@
 //     // Producer thread (one per CTA), before it issues the TMA loads of A for a work unit:
 //     // rows [m0, m0 + rows) of A are about to be read. Return when they may be read.
 //     static __device__ void wait(const Params&, const GemmParams&, i32 tile_m, i32 m0, i32 rows);
+//     // true: consumer warps may load a unit's later k blocks (the consumer refill, config.cuh),
+//     // so wait must order every thread's later loads of those rows, not only the producer's
+//     static constexpr bool kConsumerRefill;
 //   };
 // Epilogue contract:
 //   struct E {
@@ -46,6 +49,7 @@ struct NoWait {
   struct Params {
     i32 unused;
   };
+  static constexpr bool kConsumerRefill = true;  // nothing to order
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
 };
 

@@ -183,6 +183,63 @@ RAWFLUX_DEVICE void mbar_wait_acquire_cluster(u64* bar, u32 parity, i64 timeout_
   }
 }
 
+RAWFLUX_DEVICE void fence_acq_rel_cta() { asm volatile("fence.acq_rel.cta;" ::: "memory"); }
+
+// A stage's release count (the consumer refill, gemm_kernel): add 1, return the count before.
+// Relaxed, as the engine's stage releases are release.cta arrives: what a warp hands back is a
+// stage whose wgmma reads are complete (wgmma.wait_group 0) and it has written nothing to publish.
+// The add of whoever makes the count whole orders its refill after the others' with a fence.
+RAWFLUX_DEVICE u32 atom_add_relaxed_cta_shared(u32 addr, u32 v) {
+  u32 old;
+  asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+  return old;
+}
+// The same on a count in either CTA of the cluster (addr from mapa_shared): cluster scope, so the
+// two CTAs' adds to one count are atomic with each other.
+RAWFLUX_DEVICE u32 atom_add_relaxed_cluster_shared(u32 cluster_addr, u32 v) {
+  u32 old;
+  asm volatile("atom.relaxed.cluster.shared::cluster.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(cluster_addr), "r"(v) : "memory");
+  return old;
+}
+
+// Waits until this CTA's count at shared address `addr` reaches `want` (wrap-safe, 32-bit), with
+// acquire at CTA scope, or cluster scope when a peer CTA adds to it (kCluster): the counted
+// releases come before this thread's later writes (its TMA loads into the stage). Bounded like
+// mbar_wait_addr.
+template <bool kCluster>
+RAWFLUX_DEVICE void wait_count_geq(u32 addr, u32 want, i64 timeout_ns) {
+  u64 start = 0;
+  for (u32 polls = 0;; ++polls) {
+    u32 v;
+    if constexpr (kCluster) {
+      asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");  // acquire.cluster: the pair's counted releases
+    } else {
+      asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");  // acquire.cta: the counted releases
+    }
+    if ((i32)(v - want) >= 0) return;
+    if ((polls & 4095) == 4095) {
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if ((i64)(now - start) > timeout_ns) {
+        asm volatile("trap;");  // rawflux gemm pipeline stalled: a stage was never released
+      }
+    }
+  }
+}
+
+// mbar_arrive_expect_tx on the barrier at the same shared offset in cluster CTA `cta` (may be this
+// CTA): the consumer refill arms the peer's stage for the loads it issues into it. Default
+// release.cta semantics: the bytes are TMA's, completed on the barrier itself.
+RAWFLUX_DEVICE void mbar_arrive_expect_tx_cluster(u32 addr, u32 cta, u32 bytes) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.expect_tx.shared::cluster.b64 _, [remote], %2;\n}\n" ::"r"(addr),
+      "r"(cta), "r"(bytes)
+      : "memory");
+}
+
 // Shared-window address `addr` of this CTA, as cluster CTA `cta` maps it (for st.shared::cluster).
 RAWFLUX_DEVICE u32 mapa_shared(u32 addr, u32 cta) {
   u32 remote;
