@@ -435,3 +435,44 @@ def test_tail_a_box_matches_full_box(rf, monkeypatch):
             assert bool(cupy.all(raw[:2] == poison)) and bool(cupy.all(raw[2 + m:] == poison)), (m, cfg.tag(), "rows outside C written")
             assert cupy.array_equal(cut.view(cupy.uint16), full.view(cupy.uint16)), (m, cfg.tag())
             assert _rel(cut, _f64(a) @ _f64(w).T) < 1e-2, (m, cfg.tag())
+
+
+def test_consumer_refill_matches_producer_bits(rf, monkeypatch):
+    """The consumer refill (RAWFLUX_REFILL, on by default in the wide tiles) changes which warp issues
+    a stage's loads, not the math: the output bits equal the producer-only build's
+    (RAWFLUX_REFILL=0) for the 2x1 pair and the tile without cluster, both layouts, ragged m and n,
+    split-K, stream-K and several tiles per CTA, and C matches float64 with the output poisoned."""
+    from rawflux import tune
+    from rawflux.jit import kernel as jit_kernel
+
+    cases = [("128x256x64s4c2x1w2", "nk", dict(ctas=6)), ("128x256x64s4c2x1w2", "kn", dict(stream_k=True)),
+             ("128x256x64s4c1w2", "nk", dict(splits=3)), ("128x320x64s4c2x1w2", "nk", dict(ctas=4))]
+    inputs = []
+    for tag, layout, kw in cases:
+        t = tune.parse_tag(tag + "/k1/g8m/p0").tile
+        m, n, k = 3 * t.bm + 45, 4 * t.bn + 40, 64 * 23  # 23 k blocks: several refill rounds, a partial one
+        seed = random.randrange(1 << 30)
+        a, w = _rand((m, k), "bf16", seed), _rand((n, k), "bf16", seed + 1)
+        cfg = tune.GemmConfig(t, kw.get("splits", 1), 2, False, ctas=kw.get("ctas", 0), stream_k=kw.get("stream_k", False))
+        inputs.append((cfg, layout, a, w))
+
+    def run_all():
+        outs = []
+        for cfg, layout, a, w in inputs:
+            out = _poisoned((a.shape[0], w.shape[0]), "bf16")
+            rf.gemm(a, w if layout == "nk" else cupy.ascontiguousarray(w.T), b_layout=layout, out=out, config=cfg)
+            outs.append(out)
+        cupy.cuda.get_current_stream().synchronize()
+        return outs
+
+    refilled = run_all()
+    with monkeypatch.context() as mp:  # a fresh process's view: the producer-only build, compiled and planned anew
+        mp.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_REFILL=0")
+        mp.setattr(jit_kernel, "_kernels", {})
+        mp.setattr(rf, "_plans", {})
+        mp.setattr(rf, "_fast", {})
+        produced = run_all()
+        assert len(jit_kernel._kernels) >= 1  # loaded anew, compiled with the define (the disk cache keys on it)
+    for (cfg, layout, a, w), x, y in zip(inputs, refilled, produced):
+        assert cupy.array_equal(x.view(cupy.uint16), y.view(cupy.uint16)), (cfg.tag(), layout)
+        assert _rel(x, _f64(a) @ _f64(w).T) < 1e-2, (cfg.tag(), layout)

@@ -2,18 +2,21 @@
 //
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
 //     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
-//     cluster peer for the shared operand).
+//     cluster peer for the shared operand). With the consumer refill (kRefill, the wide tiles) it
+//     loads only each work unit's first kStages k blocks, waiting on the stages' release counts.
 //   warpgroups 1..kConsumers (232 registers requested; ptxas allocates within the launch's 168
 //     unless the accumulators alone need more: 128x320's SASS reaches R214, 128x256's stays under
 //     168 and spills before it goes past): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
 //     two side by side along n when the warpgroup's N exceeds 256), wait for that group and
 //     release the stage to the producer(s) of the cluster (kWait0; the warpgroups' groups then
-//     alternate on the tensor pipe); after the last k block, split-K fix-up if any, then
+//     alternate on the tensor pipe), or with kRefill add to its release count(s), the warp that
+//     completes a count loading the block kStages on after its next commit; after the last k block, split-K fix-up if any, then
 //     Epilogue::store (with a deferred C box, TmaStore::defer_boxes: all boxes but the last, which
 //     is stored during the next tile's first k block, while that block's wgmma group runs).
 //
 // Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
-// full[kStages] and empty[kStages] mbarriers. Tiles use the 128-byte swizzle of the TMA maps.
+// full[kStages] and empty[kStages] mbarriers, the k-split pair's two, and the release counts
+// (u32[kStages], kRefill). Tiles use the 128-byte swizzle of the TMA maps.
 //   A (K-major): row r of the tile at r * 128 B.   wgmma desc: SBO = 1024 (8 rows), +32 B per k16.
 //   B nk (K-major): same, rows are n.
 //   B kn (MN-major): per 64 columns of n a chunk of BK rows (k) x 128 B; chunks 64 * 128 B apart.
