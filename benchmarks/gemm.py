@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         kern.set_max_dynamic_smem(smem)
         lc = cdrv.CUlaunchConfig()
         lc.gridDimX, lc.gridDimY, lc.gridDimZ = info.sms, 1, 1
-        lc.blockDimX, lc.blockDimY, lc.blockDimZ = kern.max_threads, 1, 1
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = t.threads, 1, 1
         lc.sharedMemBytes = smem
         at = cdrv.CUlaunchAttribute()
         at.id = cdrv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION

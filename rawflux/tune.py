@@ -39,8 +39,6 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        """With the producer warpgroup; the kernels whose consumers feed the ring (the consumer
-        refill) have 128 x consumers (the launch takes the kernel's bound, Kernel.max_threads)."""
         return 128 * (1 + self.consumers)
 
     @property

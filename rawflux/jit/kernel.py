@@ -97,7 +97,6 @@ class Kernel:
             self._module = mod
             self._function = mod.get_function(self.symbol)
         self._max_smem_set = 0
-        self._max_threads: int | None = None
 
     @property
     def function(self):
@@ -106,18 +105,6 @@ class Kernel:
     @property
     def handle(self) -> int:
         return int(self._function.ptr)
-
-    @property
-    def max_threads(self) -> int:
-        """The most threads a launch may have: the kernel's launch bound (its __launch_bounds__,
-        which for the GEMM engine is the exact block size: gemm_kernel's Feed::kThreads)."""
-        if self._max_threads is None:
-            from cuda.bindings import driver
-
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
-            (n,) = _drv_check(driver.cuFuncGetAttribute(attr, driver.CUfunction(self.handle)), "cuFuncGetAttribute")
-            self._max_threads = int(n)
-        return self._max_threads
 
     @property
     def resources(self) -> dict:

@@ -439,12 +439,7 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
     kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
     smem = launch_smem_bytes(t, epilogue, out_dtype)
-    # The block: the kernel's launch bound, 128 x (1 + consumers), or 128 x consumers for the
-    # kernels whose consumers feed the ring themselves (no producer warpgroup: gemm_kernel's Feed).
-    threads = kern.max_threads
-    if threads not in (t.threads, 128 * t.consumers):
-        raise RuntimeError(f"{name}: launch bound {threads} threads, expected {t.threads} or {128 * t.consumers}")
-    plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), threads, t.cluster_size, smem, params,
+    plan = _Plan(kern, grid_size(cfg, m, n, k, info.sms), t.threads, t.cluster_size, smem, params,
                  (a_box_rows(t, m), tune.BK), box_b, a_tail_rows(t, m), (m, n, k), b_layout, _TMAP_CODE[dtype])
     with _plans_lock:
         if len(_plans) > 4096:

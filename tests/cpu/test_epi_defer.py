@@ -5,10 +5,8 @@ gemm/policies.cuh), on the CPU:
   that those variants compile without spills or serialized wgmma (check_kernels covers all of
   them; these are the large-m picks and the one where ptxas could not fit it);
 - the switch changes exactly the deferring kernels: with RAWFLUX_EPI_DEFER=0 their code differs,
-  and the kernels that do not defer (f32 C, 128x320, and AG-GEMM's 128x256 without a cluster)
-  keep the same code; since session 24 the kernels without a producer warpgroup (the consumer
-  refill's: tests/cpu/test_refill.py) have the registers for it beside 128 accumulators, with or
-  without a cluster;
+  and the kernels that do not defer (f32 C, 128x256 without a cluster, 128x320, and since the
+  consumer refill the plain GEMM's 128x256 pair: tests/cpu/test_refill.py) keep the same code;
 - the box packing is the stmatrix order store() always used (a Python model of the fragment).
 """
 from __future__ import annotations
@@ -46,16 +44,14 @@ def _compile(t, out=DType.BF16, layout="nk"):
 
 
 def _defers(t, out=DType.BF16, refill: bool = True) -> bool:
-    """gemm_kernel's kDeferBoxes > 0: TmaStore::defer_boxes<Cfg, kAllRegs>() (staging room, no
-    k-split pair; in a kernel without a producer warpgroup (the consumer refill's, kAllRegs) always,
-    else at most 128 accumulators and 128 only in a 2-CTA cluster: ptxas spills elsewhere).
-    refill=False: AG-GEMM's prologue, which takes no refill."""
+    """gemm_kernel's kDeferBoxes > 0: TmaStore::defer_boxes<Cfg>() (staging room, at most 128
+    accumulators, no k-split pair, 128 accumulators only in a 2-CTA cluster: ptxas spills elsewhere),
+    except where 128 accumulators meet the consumer refill (the plain GEMM's 128x256 pair;
+    refill=False: AG-GEMM's prologue, which takes no refill)."""
     staged = g.epilogue_scratch_bytes(t, g.plain_epilogue(out), out) > 0
     acc = t.wn // 2
     wide = t.bm * t.bn >= 128 * 224 and (t.cluster_size == 1 or (t.cluster_m, t.cluster_n, t.cluster_k) == (2, 1, 1))
-    if not staged or t.cluster_k != 1:
-        return False
-    return (refill and wide) or (acc <= 128 and not (acc == 128 and t.cluster_size != 2))
+    return staged and acc <= 128 and t.cluster_k == 1 and not (acc == 128 and (t.cluster_size != 2 or (refill and wide)))
 
 
 def _tile(tag):
@@ -64,9 +60,9 @@ def _tile(tag):
 
 def test_which_tiles_defer():
     assert _defers(_tile("128x192x64s5c2x1w2")) and _defers(_tile("64x256x64s5c1w2"))
-    assert _defers(_tile("128x256x64s4c2x1w2")) and _defers(_tile("128x256x64s4c2x1w2"), refill=False)
-    assert _defers(_tile("128x256x64s4c1w2"))  # no producer warpgroup: the registers for it
-    assert not _defers(_tile("128x256x64s4c1w2"), refill=False)  # AG-GEMM's, within 168 registers: 20 bytes of spills with it
+    assert not _defers(_tile("128x256x64s4c2x1w2"))  # the plain GEMM's pair: the consumer refill instead
+    assert _defers(_tile("128x256x64s4c2x1w2"), refill=False)  # AG-GEMM's pair keeps it
+    assert not _defers(_tile("128x256x64s4c1w2"))  # 20 bytes of spills with it
     assert not _defers(_tile("128x320x64s4c2x1w2"))  # no staging room, 160 accumulators
     assert not _defers(_tile("128x256x64s4c2x1w2"), DType.F32)  # LocalStore
     assert not any(_defers(t) for t in tune.KSPLIT_TILES)

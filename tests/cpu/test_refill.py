@@ -1,11 +1,8 @@
-"""The consumer refill (RAWFLUX_REFILL, on by default; gemm/mainloop_sm90.cuh, Feed), on the CPU:
+"""The consumer refill (RAWFLUX_REFILL, on by default; gemm/mainloop_sm90.cuh, kRefill), on the CPU:
 
-- which kernels take it (mirrored here from Feed::kRefill): the wide tiles (a k block of
+- which kernels take it (mirrored here from gemm_kernel's kRefill): the wide tiles (a k block of
   at least 128 x 224) without multicast or in the 2x1 pair, under a prologue that allows it (the
   plain GEMM and GEMM-ReduceScatter; not AG-GEMM, whose chunk wait orders only the producer's loads);
-- those kernels have no producer warpgroup (since session 24 the consumers also load each work
-  unit's first k blocks): their launch bound, which the host launches (Kernel.max_threads), is
-  128 x consumers, and their consumers may take more than the 168 registers of a 384-thread launch;
 - the switch changes exactly those kernels: with RAWFLUX_REFILL=0 their code differs and the others
   keep theirs;
 - they compile without spills or serialized wgmma (check_kernels covers every variant; these are
@@ -17,8 +14,6 @@ ragged m, split-K, stream-K, several tiles per CTA) and the k-loop rates are in 
 (session 23); tests/gpu/test_gemm.py checks every tile against float64.
 """
 from __future__ import annotations
-
-import struct
 
 import pytest
 
@@ -36,18 +31,14 @@ def _tile(tag):
 
 
 def _refills(t, prologue: str = "rawflux::NoWait") -> bool:
-    """Feed::kRefill for a default build (wait_group 0, no probe, static tile order)."""
+    """gemm_kernel's kRefill for a default build (wait_group 0, no probe, static tile order)."""
     wide = t.bm * t.bn >= 128 * 224
     shape_ok = t.cluster_m * t.cluster_n == 1 or (t.cluster_m, t.cluster_n) == (2, 1)
     return wide and shape_ok and prologue != "rawflux::AgWait"
 
 
-def _name(t, out=DType.BF16, layout="nk", *, file="gemm.cu", sched=g.PLAIN_SCHED, prologue="rawflux::NoWait", epilogue=None):
-    return g.kernel_name(t, DType.BF16, out, layout, sched=sched, prologue=prologue, epilogue=epilogue or g.plain_epilogue(out))
-
-
 def _compile(t, out=DType.BF16, layout="nk", *, file="gemm.cu", sched=g.PLAIN_SCHED, prologue="rawflux::NoWait", epilogue=None):
-    name = _name(t, out, layout, sched=sched, prologue=prologue, epilogue=epilogue)
+    name = g.kernel_name(t, DType.BF16, out, layout, sched=sched, prologue=prologue, epilogue=epilogue or g.plain_epilogue(out))
     r = compile_cubin(kernel_source(file), arch="sm_90a", name_expressions=(name,), filename=file)
     return r, r.resources[r.lowered[name]]
 
@@ -59,39 +50,6 @@ def test_which_kernels_refill():
     # narrow tiles: a k block too short to cover the refill's one-block delay where they run
     assert not any(_refills(_tile(tag)) for tag in ("128x192x64s5c2x1w2", "128x96x64s8c1w2", "64x256x64s5c1w2", "64x128x64s8c1w2"))
     assert not _refills(_tile("128x256x64s4c2x1w2"), "rawflux::AgWait")
-
-
-def _launch_bound(cubin: bytes, symbol: str) -> int:
-    """The kernel's launch bound: x of EIATTR_MAX_THREADS in its .nv.info section (the value the
-    driver reports as CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK). Found by its record header (format
-    4 = sized value, attribute 0x05, 12 bytes: x, y = 1, z = 1) rather than by walking the records,
-    whose encodings vary by attribute."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names_off = secs[shstrndx][4]
-    for name, _, _, _, off, size in secs:
-        if cubin[names_off + name:cubin.index(b"\0", names_off + name)] == b".nv.info." + symbol.encode():
-            info = cubin[off:off + size]
-            found = [struct.unpack_from("<III", info, i + 4) for i in range(0, len(info) - 15, 4) if info[i:i + 4] == b"\x04\x05\x0c\x00"]
-            assert len(found) == 1 and found[0][1:] == (1, 1), found
-            return found[0][0]
-    raise AssertionError(f"no .nv.info section for {symbol}")
-
-
-@pytest.mark.parametrize("tag,prologue", [("128x256x64s4c2x1w2", "rawflux::NoWait"), ("128x256x64s4c1w2", "rawflux::NoWait"),
-                                          ("128x320x64s4c2x1w2", "rawflux::NoWait"), ("128x256x64s4c1k2w2", "rawflux::NoWait"),
-                                          ("128x192x64s5c2x1w2", "rawflux::NoWait"), ("128x256x64s4c2x1w2", "rawflux::AgWait")])
-def test_refilling_kernels_have_no_producer(tag, prologue):
-    t = _tile(tag)
-    kw = dict(file="ag_gemm.cu", sched=g.FUSED_SCHED, prologue=prologue, epilogue="rawflux::TmaStore") if prologue == "rawflux::AgWait" else {}
-    r, res = _compile(t, **kw)
-    refill = _refills(t, prologue)
-    assert _launch_bound(r.cubin, r.lowered[_name(t, **kw)]) == (128 * t.consumers if refill else t.threads), (tag, prologue)
-    if refill and t.bn == 256:
-        assert res["registers"] > 168  # room the producer's launch never gave (the deferred C box beside 128 accumulators)
-    if not refill:
-        assert res["registers"] <= 168
 
 
 def test_switch_changes_only_the_refilling_kernels(monkeypatch):

@@ -78,9 +78,9 @@ def test_code_pad_moves_only_the_producer():
     pytest.importorskip("cuda.bindings.nvrtc")
     name = _name()
     sizes = {}
-    for pad in (0, 4096):  # with the producer warpgroup, where the pad lives (no consumer refill)
+    for pad in (0, 4096):
         res = compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(name,), filename="gemm.cu",
-                            extra_options=(f"-DRAWFLUX_CODE_PAD={pad}", "-DRAWFLUX_REFILL=0"))
+                            extra_options=(f"-DRAWFLUX_CODE_PAD={pad}",))
         sizes[pad] = (len(res.cubin), res.resources[res.lowered[name]]["registers"])
     assert sizes[0][1] == sizes[4096][1]
     assert sizes[4096][0] - sizes[0][0] >= 4096, sizes

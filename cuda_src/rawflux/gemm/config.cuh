@@ -139,36 +139,32 @@ constexpr int kCodePad = RAWFLUX_CODE_PAD;
 #ifndef RAWFLUX_EPI_DEFER
 #define RAWFLUX_EPI_DEFER 1
 #endif
-// Deferred C boxes, at most this many per warpgroup fragment (TmaStore::defer_boxes; 0: none;
-// default 1). In the plain GEMM's and AG-GEMM's 16-bit epilogue (TmaStore), a consumer warpgroup
-// packs the last boxes of its fragment into registers (16 per 64-column box) and goes on to the
-// next tile; they are staged and stored one per k block of that tile, between the wgmma issue and
-// wait, while the tensor pipe runs, where they waited with the pipe idle for the stores that last
-// read their staging buffers.
-// - Session 15 (three A/B runs, m 1024-8192 on the five bar shapes;
-//   benchmarks/results/gemm-variants-2026-11-30-s15): one box, median ratio to cuBLAS +0.3 to
-//   +0.5 points, output bits unchanged. With a producer warpgroup ptxas keeps to the launch's 168
-//   registers, where two boxes spill; one fits beside 128 accumulators only in the 2-CTA cluster.
-// - Session 24, the kernels without a producer (the consumer refill, 255 registers): 1, 2 and 4
-//   (the whole fragment) boxes fit; 2 and 4 measured no better than 1 (median 0.986 / 0.987 / 0.985
-//   against 0.991 / 0.989 / 0.990; benchmarks/results/gemm-variants-2026-11-30-s24).
-constexpr int kEpiDeferMax = RAWFLUX_EPI_DEFER;
+// 1 (default since session 15; docs/gemm-notes.md): a deferred C box. In the plain GEMM's and
+// AG-GEMM's 16-bit epilogue (TmaStore), a consumer warpgroup stores all but the last 64-column box
+// of its fragment at the tile's end, packs the last one into 16 registers and goes on to the next
+// tile; the box is staged and stored between the wgmma issue and wait of that tile's first k block,
+// while the tensor pipe runs, where it waited with the pipe idle for the store that last read its
+// staging buffer. Only where TmaStore::defer_boxes says ptxas has room beside the accumulators
+// (128x256 with a cluster, 128x192, 64x256, 64x128). Measured on the H200 (three A/B runs, m
+// 1024-8192 on the five bar shapes; benchmarks/results/gemm-variants-2026-11-30-s15): median ratio
+// to cuBLAS +0.3 to +0.5 points, output bits unchanged; two deferred boxes spill, and boxes stored
+// from registers instead of staged gained nothing. 0: every box at the tile's end.
+constexpr bool kEpiDefer = RAWFLUX_EPI_DEFER != 0;
 
 #ifndef RAWFLUX_REFILL
 #define RAWFLUX_REFILL 1
 #endif
-// 1 (default since session 23; docs/gemm-notes.md): the consumers feed the stage ring. The last
-// consumer warp to finish with a stage (a count per stage in shared memory, one atomic add per
-// warp) loads the k block kStages ahead into it, right after it issues its next wgmma group;
-// since session 24 across work units too, so the kernel has no producer warpgroup (gemm_kernel's
-// Feed: 256 threads, and the consumers' registers are no longer held to the launch's 168). Where
-// no producer watches the releases the k loop of 128x256 runs at 1025.5 cycles per k block
-// against 1038.9 (benchmarks/gemm_kloop.py, session 22): a producer that waits on the releases
-// slows every consumer warpgroup's wgmma group by ~7.5 cycles, whatever primitive it waits with.
-// Session 23: 1024.6 (no cluster) and 1025.6 (2x1 pair) against 1039, output bits unchanged;
-// median ratio to cuBLAS +0.3 to +0.6 points at m >= 1024. Taken by the wide tiles (128 x 224 and
-// up), without multicast or in the 2x1 pair, where the prologue allows it (Feed::kRefill); 0: a
-// producer warpgroup loads every k block.
+// 1 (default since session 23; docs/gemm-notes.md): the consumers refill the stage ring. The
+// producer loads only a work unit's first kStages k blocks; from then on the last consumer warp to
+// finish with a stage (a count per stage in shared memory, one atomic add per warp) loads the k
+// block kStages ahead into it, right after it issues its next wgmma group. Where no producer
+// watches the releases the k loop of 128x256 runs at 1025.5 cycles per k block against 1038.9
+// (benchmarks/gemm_kloop.py, session 22): a producer that waits on the releases slows every
+// consumer warpgroup's wgmma group by ~7.5 cycles, whatever primitive it waits with. Session 23:
+// 1024.6 (no cluster) and 1025.6 (2x1 pair) against 1039, output bits unchanged; median ratio to
+// cuBLAS +0.6 points at m >= 1024. Taken by the wide tiles (128 x 224 and up), without multicast
+// or in the 2x1 pair, where the prologue allows it (gemm_kernel's kRefill); 0: the producer loads
+// every k block.
 constexpr bool kRefillOn = RAWFLUX_REFILL != 0;
 
 #ifndef RAWFLUX_DYN_SCHED

@@ -2,18 +2,17 @@
 //
 //   warpgroup 0 (producer, 40 registers): one thread waits for a free stage, arms its full
 //     barrier with the stage's byte count and issues the TMA loads of A and B (multicast to the
-//     cluster peer for the shared operand). Not in the kernels whose consumers feed the ring
-//     (kRefill, the wide tiles: Feed below), which have no producer warpgroup.
-//   consumer warpgroups (kConsumers; with a producer, 232 registers requested, but ptxas keeps to
-//     the launch's 168 unless the accumulators alone need more: 128x320's SASS reaches R214,
-//     128x256's stays under 168 and spills before it goes past; without one, up to 255): wait for
-//     a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step, two side by side along n
-//     when the warpgroup's N exceeds 256), wait for that group and release the stage to the
-//     producer(s) of the cluster (kWait0; the warpgroups' groups then alternate on the tensor
-//     pipe), or with kRefill add to its release count(s), the warp that completes a count loading
-//     the block kStages on after its next commit; after the last k block, split-K fix-up if any,
-//     then Epilogue::store (with deferred C boxes, TmaStore::defer_boxes: all boxes but the last
-//     few, which are stored one per k block of the next tile while its wgmma groups run).
+//     cluster peer for the shared operand). With the consumer refill (kRefill, the wide tiles) it
+//     loads only each work unit's first kStages k blocks, waiting on the stages' release counts.
+//   warpgroups 1..kConsumers (232 registers requested; ptxas allocates within the launch's 168
+//     unless the accumulators alone need more: 128x320's SASS reaches R214, 128x256's stays under
+//     168 and spills before it goes past): wait for a full stage, issue 4 k16 steps of wgmma on it (one wgmma per step,
+//     two side by side along n when the warpgroup's N exceeds 256), wait for that group and
+//     release the stage to the producer(s) of the cluster (kWait0; the warpgroups' groups then
+//     alternate on the tensor pipe), or with kRefill add to its release count(s), the warp that
+//     completes a count loading the block kStages on after its next commit; after the last k block, split-K fix-up if any, then
+//     Epilogue::store (with a deferred C box, TmaStore::defer_boxes: all boxes but the last, which
+//     is stored during the next tile's first k block, while that block's wgmma group runs).
 //
 // Shared memory (1024-aligned): A[kStages][BM x 64], B[kStages][BN x 64 | 64 x BN], then the
 // full[kStages] and empty[kStages] mbarriers, the k-split pair's two, and the release counts
@@ -255,31 +254,8 @@ RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a
   }
 }
 
-// Who feeds gemm_kernel's stage ring. kRefill (config.cuh, RAWFLUX_REFILL): the consumer warps
-// themselves, each stage refilled by the warp that completes its release count with the k block
-// kStages on, across work units (a cursor that runs kStages blocks ahead of the k loop). The
-// kernel then has no producer warpgroup: 128 x kConsumers threads, so ptxas may give a consumer
-// thread all 255 registers (with a producer it stays within the launch's 168 unless the
-// accumulators alone need more, whatever setmaxnreg asks): the cursor and deferred C boxes fit
-// beside 128 accumulators (TmaStore::defer_boxes).
-// Where: wait_group 0 (a stage is released at once), without probes or the dynamic order (whose
-// ticket ring lies where the counts do), where the prologue allows it (its wait orders only a
-// producer's own loads), in the 2x1 pair or without multicast, and in k blocks of at least
-// 128 x 224: the refill issues a stage's loads one k block later than a producer would, which the
-// narrower tiles' shorter blocks do not cover where they run (m <= 1024, memory-bound: 128x96 at
-// m = 256 fell from 0.94 to 0.78 of cuBLAS, 128x192 at m = 1024 from 0.99 to 0.97; session 23,
-// docs/gemm-notes.md). The host launches Kernel.max_threads (the launch bound below).
-template <class Cfg, class Sched, class Prologue>
-struct Feed {
-  static constexpr bool kPairM = Cfg::kClusterM == 2 && Cfg::kClusterN == 1;
-  static constexpr bool kRefill = kRefillOn && kWait0 && Cfg::kBM * Cfg::kBN >= 128 * 224 && (Cfg::kMcastSize == 1 || kPairM) &&
-                                  !Sched::template type<Cfg>::kDynamic && kProbe == 0 && Prologue::kConsumerRefill;
-  static constexpr int kThreads = kRefill ? 128 * Cfg::kConsumers : Cfg::kThreads;
-  static constexpr u32 kFirstConsumer = kRefill ? 0u : 128u;  // threadIdx.x of consumer warpgroup 0's thread 0
-};
-
 template <class Cfg, class Sched, class Prologue, class Epilogue>
-__global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
                 const typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi,
                 const __grid_constant__ TensorMap tmap_a_tail) {
@@ -304,13 +280,20 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
   constexpr bool kDyn = SchedT::kDynamic;
   constexpr u32 kIdSlots = kStages + 1;
   u64* id_full = ksplit_bar + 2;  // then the ring: u32 ids[kIdSlots]
-  // The consumer refill (Feed above): every consumer warp of the CTAs that share a stage counts its
-  // release into each one's count (a 2x1 cluster: both CTAs', and the warp that completes a CTA's
-  // count issues that CTA's loads, from either CTA); no producer warpgroup.
-  using FeedT = Feed<Cfg, Sched, Prologue>;
-  constexpr bool kPairM = FeedT::kPairM;
-  constexpr bool kRefill = FeedT::kRefill;
-  constexpr u32 kC0 = FeedT::kFirstConsumer;
+  // Consumer refill (config.cuh, RAWFLUX_REFILL): past a work unit's first kStages k blocks, the
+  // last consumer warp to release a stage loads the block kStages ahead into it. Every consumer
+  // warp of the CTAs that share a stage counts its release into each one's count (a 2x1 cluster:
+  // both CTAs', and the warp that completes a CTA's count issues that CTA's loads, from either
+  // CTA). With wait_group 0 (a stage is released at once), without probes or the dynamic order
+  // (whose ticket ring lies where the counts do), and where the prologue allows it (its wait
+  // orders only the producer's own loads).
+  // Wide tiles only (a k block of at least 128 x 224, 896 tensor-pipe cycles): the refill issues a
+  // stage's loads one k block later than a producer would, which the narrower tiles' shorter
+  // blocks do not cover where they run (m <= 1024, memory-bound: 128x96 at m = 256 fell from 0.94
+  // to 0.78 of cuBLAS, 128x192 at m = 1024 from 0.99 to 0.97; session 23, docs/gemm-notes.md).
+  constexpr bool kPairM = Cfg::kClusterM == 2 && Cfg::kClusterN == 1;
+  constexpr bool kRefill = kRefillOn && kWait0 && Cfg::kBM * Cfg::kBN >= 128 * 224 && (Cfg::kMcastSize == 1 || kPairM) && !kDyn &&
+                           kProbe == 0 && Prologue::kConsumerRefill;
   constexpr u32 kReleasers = 4 * Cfg::kConsumers * Cfg::kMcastSize;  // consumer warps that release each stage
   u32* released = reinterpret_cast<u32*>(id_full);  // releases of stage s so far (kReleasers per use)
 
@@ -352,8 +335,7 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
   }
   if (kTrace && threadIdx.x == 0) trace_stamp(kTraceSynced);
 
-  const bool producer = !kRefill && wg == 0;  // no producer warpgroup where the consumers feed the ring
-  if (producer) {
+  if (wg == 0) {
     // ---------------------------------------------------------------- producer
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -367,11 +349,13 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
       u8* smem_b = smem + kStages * Cfg::kStageABytes;
       u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
       u64* empty = full + kStages;
+      u32* released = reinterpret_cast<u32*>(empty + kStages + 2);  // kRefill's counts, after the k-split pair
       const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
       const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
       SchedT sched(p, cluster_id, (i32)cta_rank);
       WorkTile w;
       u32 stage = 0, phase = 0;
+      u32 round = 0;  // kRefill: uses of the ring's stages before the current one (phase = round's parity)
       // Dynamic order: on when the host passes the ticket counters to a data-parallel launch.
       const bool dyn = kDyn && p.splits == 1 && p.sk_tiles == 0 && p.counters != 0;
       u32 tickets = 0;  // tiles begun: the ticket ring's cursor
@@ -416,7 +400,9 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
         constexpr int kAMode = decltype(mode)::value;
         const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
         const u32 tx = stage_tx<Cfg, kAMode>(p);
-        for (i32 kb = w.kb_begin; kb < w.kb_end; ++kb) {
+        // kRefill: the unit's first kStages blocks; the consumers load the rest.
+        const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
+        for (i32 kb = w.kb_begin; kb < kb_stop; ++kb) {
           if constexpr ((kProbe & 64) != 0 && (kProbe & (16384 | 32768)) != 0) {  // probe: no ring, a producer polling a dead barrier
             const long long from = clock64();
             while (clock64() - from < 1000) {
@@ -440,7 +426,11 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
             while (clock64() - from < 1000) {
             }
           }
-          if constexpr ((kProbe & (128 | 1024 | 2048 | 4096 | 8192)) == 0) {
+          if constexpr (kRefill) {
+            // every consumer warp released the stage's previous use (round - 1); a count, not a
+            // parity: the producer skips the blocks the consumers load and may be rounds ahead
+            ptx::wait_count_geq<(Cfg::kMcastSize > 1)>(ptx::smem_u32(&released[stage]), round * kReleasers, p.timeout_ns);
+          } else if constexpr ((kProbe & (128 | 1024 | 2048 | 4096 | 8192)) == 0) {
             ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
           }
           if (kTraceBlockWaits) trace_add_since(kTraceProducerWait, wait_from);
@@ -458,6 +448,16 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
+            if constexpr (kRefill) ++round;
+          }
+        }
+        if constexpr (kRefill) {  // past the blocks the consumers load
+          const u32 skip = (u32)max(0, w.kb_end - kb_stop);
+          stage += skip % kStages;
+          round += skip / kStages;
+          if (stage >= kStages) {
+            stage -= kStages;
+            ++round;
           }
         }
       };
@@ -496,10 +496,10 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
     __syncwarp();
   } else {
     // ---------------------------------------------------------------- consumers
-    if constexpr (!kRefill) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const u32 tid = threadIdx.x % 128;
     // RAWFLUX_LOOP_ADDR & 2: broadcast, so that ptxas sees a warp-uniform value.
-    const u32 consumer = ((kLoopAddr & 2) ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128) - kC0 / 128;
+    const u32 consumer = ((kLoopAddr & 2) ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128) - 1;
     const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
     const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
     const u32 wm = consumer / Cfg::kWgN, wn = consumer % Cfg::kWgN;
@@ -620,80 +620,59 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
     // Per-tile phase sums (RAWFLUX_TRACE): a register across the k loop, so only where the
     // accumulators leave room.
     constexpr bool kTracePhases = kTrace && Cfg::kAccRegs <= 128;
-    // Deferred C boxes (kEpiDeferMax, config.cuh): the last kDeferBoxes boxes of the previous
-    // tile's fragment, packed to 16 bits, wait in `held` and are stored one per k block of this
-    // tile, between the block's wgmma issue and wait, while the tensor pipe runs. Without a
-    // producer warpgroup (kRefill) the whole fragment.
-    constexpr int kDeferBoxes = DeferTraits<Epilogue, Cfg, kRefill>::kBoxes;
+    // Deferred C boxes (kEpiDefer, config.cuh): the last kDeferBoxes boxes of the previous tile's
+    // fragment, packed to 16 bits, wait in `held` and are stored between the wgmma issue and wait
+    // of this tile's first k block, while the tensor pipe runs.
+    // 128 accumulators leave ptxas room for a deferred box or the consumer refill, not both (both:
+    // 20 to 68 bytes of spills in the 128x256 pair); the refill gains more (docs/gemm-notes.md).
+    constexpr int kDeferBoxes = kRefill && Cfg::kAccRegs >= 128 ? 0 : DeferTraits<Epilogue, Cfg>::kBoxes;
     constexpr bool kDefer = kDeferBoxes > 0;
     constexpr int kNowBoxes = Cfg::kWN / 64 - kDeferBoxes;  // stored at the tile's end
     u32 held[kDefer ? kDeferBoxes : 1][TmaStore::kBoxRegs];
     bool pending = false;              // held carries boxes not yet stored
     i32 held_row0 = 0, held_col0 = 0;  // their fragment's origin in C
-    auto store_held = [&](auto j) {  // held box j
+    auto store_held = [&] {
       if constexpr (kDefer) {
-        Epilogue::template store_box<Cfg, kNowBoxes + decltype(j)::value>(epi, p, held[decltype(j)::value], held_row0, held_col0, tid,
-                                                                         consumer, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
+        static_for<0, kDeferBoxes>([&](auto j) {
+          Epilogue::template store_box<Cfg, kNowBoxes + decltype(j)::value>(epi, p, held[decltype(j)::value], held_row0, held_col0, tid,
+                                                                           consumer, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
+        });
       }
     };
-    // kRefill: the feed's cursor, kStages k blocks ahead of this warp's k loop (the same in every
-    // consumer thread of the CTA pair: each CTA walks the same units, one tile row apart). Its own
-    // copy of the tile order; the unit `aw`, its k block `a_rel`; a_live false past the last one.
-    SchedT ahead = sched;
-    WorkTile aw;
-    i32 a_rel = -1;
-    bool a_live = kRefill && ahead.next(p, aw);
-    auto a_step = [&] {  // the cursor's next k block, skipping units without one
-      ++a_rel;
-      while (a_live && a_rel >= aw.kb_end - aw.kb_begin) {
-        a_rel = 0;
-        a_live = ahead.next(p, aw);
-      }
-    };
-    if constexpr (kRefill) a_step();
-    // Loads the cursor's k block into CTA cta's stage rs, as that CTA's producer would (a 2x1 pair:
-    // cta's own tile row, its half of B).
-    auto feed = [&](u32 rs, u32 cta) {
-      const i32 kb = aw.kb_begin + a_rel;
-      const i32 n0 = aw.tile_n * Cfg::kBN;
-      const i32 row = kPairM ? aw.tile_m - (i32)cta_rank + (i32)cta : aw.tile_m;  // CTA cta's tile row
-      auto load = [&](auto mode) {
-        constexpr int kAMode = decltype(mode)::value;
-        if constexpr (kPairM) {
-          load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, cta,
-                                       stage_tx<Cfg, kAMode>(p));
-        } else {  // no multicast: A's slice and B's are the whole tile
-          load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, 0, 0,
-                                   stage_tx<Cfg, kAMode>(p));
-        }
-      };
-      if (a_tail_box<Cfg>(p, row * Cfg::kBM)) {
-        load(Int<kALoadTail>{});
-      } else {
-        load(Int<kALoadFull>{});
-      }
-    };
-    // The ring's first kStages blocks: each CTA's first consumer thread loads its own (every
-    // thread steps its cursor). The rest are refills.
-    if constexpr (kRefill) {
-      for (u32 s = 0; s < (u32)kStages && a_live; ++s) {
-        if (threadIdx.x == 0) feed(s, cta_rank);
-        a_step();
-      }
-    }
-    // kRefill, lane l < kMcastSize: CTA l's count of the previous k block's stage before this
-    // warp's add. Read only after the next wgmma commit (across tiles: the next tile's first): the
-    // add's round trip (to the peer CTA's count in a pair) overlaps the next block's wait and issue
-    // instead of delaying them (a pair that reads it at once: 1065 cycles per k block against 1039
-    // without the refill), and the refill's loads are issued off the turnaround between the
-    // warpgroups' groups (issued at once: 1050 cycles, not 1025).
-    u32 counted = 0;
-    bool owed = false;  // a k block ran before this one: its release is checked, the cursor stepped
     while (kDyn ? fetch() : sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
       u32 prev_stage = 0;
+      // kRefill, lane l < kMcastSize: CTA l's count of the previous block's stage before this
+      // warp's add (0 at a unit's start: no refill owed). Read only after the next wgmma commit:
+      // the add's round trip (to the peer CTA's count in a pair) overlaps the next block's wait and
+      // issue instead of delaying them (a pair that reads it at once: 1065 cycles per k block
+      // against 1039 without the refill), and the refill's loads are issued off the turnaround
+      // between the warpgroups' groups (issued at once: 1050 cycles, not 1025).
+      u32 counted = 0;
+      // The consumers' refill of CTA cta's stage rs with k block kb, as that CTA's producer would
+      // load it (a 2x1 pair: cta's own tile row, its half of B).
+      auto refill = [&](u32 rs, i32 rel, u32 cta) {
+        const i32 kb = w.kb_begin + rel;
+        const i32 n0 = w.tile_n * Cfg::kBN;
+        const i32 row = kPairM ? w.tile_m - (i32)cta_rank + (i32)cta : w.tile_m;  // CTA cta's tile row
+        auto load = [&](auto mode) {
+          constexpr int kAMode = decltype(mode)::value;
+          if constexpr (kPairM) {
+            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, cta,
+                                         stage_tx<Cfg, kAMode>(p));
+          } else {  // no multicast: A's slice and B's are the whole tile
+            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, 0, 0,
+                                     stage_tx<Cfg, kAMode>(p));
+          }
+        };
+        if (a_tail_box<Cfg>(p, row * Cfg::kBM)) {
+          load(Int<kALoadTail>{});
+        } else {
+          load(Int<kALoadFull>{});
+        }
+      };
       const u32 tile_from = kTracePhases ? trace_clock32() : 0u;
-      if (kTrace && trace_thread(kC0) && nkb > 0 && (kProbe & (64 | 256)) == 0) {  // stamps outside the k loop: no register there
+      if (kTrace && trace_thread(128) && nkb > 0 && (kProbe & (64 | 256)) == 0) {  // stamps outside the k loop: no register there
         trace_stamp(kTraceConsumerReady);
         ptx::mbar_wait(&full[stage], phase, p.timeout_ns);  // the loop's first wait then returns at once
         trace_stamp(kTraceFirstData);
@@ -710,7 +689,7 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
         } else {
           ptx::mbar_wait(&full[st], ph, p.timeout_ns);
         }
-        if (kTraceWait && threadIdx.x == kC0) trace_add_since(kTraceConsumerWait, wait_from);
+        if (kTraceWait && threadIdx.x == 128) trace_add_since(kTraceConsumerWait, wait_from);
         // RAWFLUX_LOOP_ADDR & 4: the stage's offsets from the ring's start in 16-byte units (mma
         // adds them to da_ring / db_ring); else its shared addresses.
         const u32 a_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageABytes / 16) : a_base0 + st * Cfg::kStageABytes;
@@ -725,15 +704,11 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
         }
         ptx::wgmma_commit();
         if constexpr (kRefill) {
-          if (owed) {
-            // this lane completed CTA l's count of the previous block's stage: load the block kStages on
-            if (counted % kReleasers == kReleasers - 1 && a_live) {
-              ptx::fence_acq_rel_cta();  // acquire: the other warps' adds (after their reads of the stage) before this lane's refill of it
-              feed(st == 0 ? kStages - 1 : st - 1, lane);
-            }
-            a_step();
+          // this lane completed CTA l's count of the previous block's stage: load the block kStages on
+          if (counted % kReleasers == kReleasers - 1 && i - 1 + kStages < nkb) {
+            ptx::fence_acq_rel_cta();  // acquire: the other warps' adds (after their reads of the stage) before this lane's refill of it
+            refill(st == 0 ? kStages - 1 : st - 1, i - 1 + kStages, lane);
           }
-          owed = true;
         }
         if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseIssued);
         hook();
@@ -769,16 +744,13 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
       auto no_hook = [] {};
       i32 i = 0;
       if constexpr (kDefer) {
-        if (pending) {  // the previous tile's held boxes, one during each of this tile's first k blocks
-          static_for<0, kDeferBoxes>([&](auto j) {
-            auto hook = [&] { store_held(j); };
-            if (i < nkb) {
-              kblock_next(i, hook);
-              ++i;
-            } else {
-              hook();
-            }
-          });
+        if (pending) {  // the previous tile's held boxes, during this tile's first k block
+          if (i < nkb) {
+            kblock_next(i, store_held);
+            ++i;
+          } else {
+            store_held();
+          }
           pending = false;
         }
       }
@@ -799,9 +771,9 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
         release(prev_stage);
       }
       ptx::reg_fence(acc);
-      if (kTrace && trace_thread(kC0)) trace_stamp(kTraceLoopEnd);
+      if (kTrace && trace_thread(128)) trace_stamp(kTraceLoopEnd);
       const u32 epi_from = kTracePhases ? trace_clock32() : 0u;
-      if (kTracePhases && trace_thread(kC0)) trace_add_cycles(kTraceLoopCycles, tile_from, false);
+      if (kTracePhases && trace_thread(128)) trace_add_cycles(kTraceLoopCycles, tile_from, false);
 
       TileCoord tc;
       tc.tile_m = w.tile_m;
@@ -835,20 +807,20 @@ __global__ void __launch_bounds__((Feed<Cfg, Sched, Prologue>::kThreads), 1)
       } else {
         if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
       }
-      if (kTracePhases && trace_thread(kC0)) trace_add_cycles(kTraceEpiCycles, epi_from, true);
+      if (kTracePhases && trace_thread(128)) trace_add_cycles(kTraceEpiCycles, epi_from, true);
       if constexpr (Epilogue::kTileBarrier) {
         ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
         Epilogue::template tile_done<Cfg>(epi, p, tc);
       }
     }
     if constexpr (kDefer) {
-      if (pending) static_for<0, kDeferBoxes>([&](auto j) { store_held(j); });  // the last tile's held boxes
+      if (pending) store_held();  // the last tile's held boxes
     }
     Epilogue::template finish<Cfg>(epi, tid);
   }
   // Consumer warpgroup 0's exit: stamped here, past the role branches (inside the consumer branch
   // ptxas spilled the 128x320 tile's accumulators for it).
-  if (kTrace && trace_thread(kC0)) trace_stamp(kTraceExit);
+  if (kTrace && trace_thread(128)) trace_stamp(kTraceExit);
   if constexpr (kOrderedIssue && !kWait0 && Cfg::kConsumers == 2) {
     // Warpgroup 0 consumes warpgroup 1's last hand-over: the turn barriers end balanced. (Here,
     // outside the consumer branch: inside it, ptxas runs out of registers for the 128x320 tile

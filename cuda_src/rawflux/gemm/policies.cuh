@@ -141,22 +141,15 @@ struct TmaStore {
   // which it packs into registers and stores while the next tile's first k blocks run.
   static constexpr int kBoxRegs = 16;  // a 64 x 64 box of 16-bit C over 128 threads: 16 packed pairs each
 
-  // Boxes of a fragment the kernel defers (0: none, and the kernel calls store()): at most
-  // RAWFLUX_EPI_DEFER, staged boxes only. kAllRegs: a kernel without a producer warpgroup (the
-  // consumer refill), whose consumer threads may take 255 registers: every box (64 packed
-  // registers beside 128 accumulators), one stored during each of the next tile's first k blocks.
-  // Otherwise ptxas keeps to the launch's 168 registers, which leave room for one beside 128
-  // accumulators, and only in the 2-CTA cluster (the measured one) of the default build: ptxas
-  // spills with it in 128x256 without a cluster (20 bytes), with the development builds' extra
-  // registers (RAWFLUX_TRACE, RAWFLUX_DYN_SCHED: 8) and in session 15's 2x2 probe (8).
-  template <class Cfg, bool kAllRegs>
+  // Boxes of a fragment the kernel defers (0: none, and the kernel calls store()). Staged boxes
+  // only; 128 accumulators leave room for one, and only in the 2-CTA cluster (the measured one)
+  // of the default build: ptxas spills with it in 128x256 without a cluster (20 bytes), with the
+  // development builds' extra registers (RAWFLUX_TRACE, RAWFLUX_DYN_SCHED: 8) and in session 15's
+  // 2x2 probe (8).
+  template <class Cfg>
   static constexpr int defer_boxes() {
-    constexpr int kMost = kEpiDeferMax < Cfg::kWN / 64 ? kEpiDeferMax : Cfg::kWN / 64;
-    if constexpr (kMost == 0 || !kWait0 || bufs<Cfg>() == 0 || Cfg::kClusterK > 1) {
-      return 0;
-    } else if constexpr (kAllRegs) {
-      return kMost;
-    } else if constexpr (Cfg::kAccRegs > 128 || (Cfg::kAccRegs == 128 && (Cfg::kClusterSize != 2 || kTrace || kDynSched))) {
+    if constexpr (!kEpiDefer || !kWait0 || bufs<Cfg>() == 0 || Cfg::kAccRegs > 128 || Cfg::kClusterK > 1 ||
+                  (Cfg::kAccRegs == 128 && (Cfg::kClusterSize != 2 || kTrace || kDynSched))) {
       return 0;
     } else {
       return 1;
@@ -221,13 +214,13 @@ struct TmaStore {
 };
 
 // Boxes the gemm kernel defers for an epilogue policy (kEpiDefer): TmaStore's, none for the others.
-template <class E, class Cfg, bool kAllRegs>
+template <class E, class Cfg>
 struct DeferTraits {
   static constexpr int kBoxes = 0;
 };
-template <class Cfg, bool kAllRegs>
-struct DeferTraits<TmaStore, Cfg, kAllRegs> {
-  static constexpr int kBoxes = TmaStore::defer_boxes<Cfg, kAllRegs>();
+template <class Cfg>
+struct DeferTraits<TmaStore, Cfg> {
+  static constexpr int kBoxes = TmaStore::defer_boxes<Cfg>();
 };
 
 }  // namespace rawflux

@@ -202,6 +202,32 @@ RAWFLUX_DEVICE u32 atom_add_relaxed_cluster_shared(u32 cluster_addr, u32 v) {
   return old;
 }
 
+// Waits until this CTA's count at shared address `addr` reaches `want` (wrap-safe, 32-bit), with
+// acquire at CTA scope, or cluster scope when a peer CTA adds to it (kCluster): the counted
+// releases come before this thread's later writes (its TMA loads into the stage). Bounded like
+// mbar_wait_addr.
+template <bool kCluster>
+RAWFLUX_DEVICE void wait_count_geq(u32 addr, u32 want, i64 timeout_ns) {
+  u64 start = 0;
+  for (u32 polls = 0;; ++polls) {
+    u32 v;
+    if constexpr (kCluster) {
+      asm volatile("ld.acquire.cluster.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");  // acquire.cluster: the pair's counted releases
+    } else {
+      asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");  // acquire.cta: the counted releases
+    }
+    if ((i32)(v - want) >= 0) return;
+    if ((polls & 4095) == 4095) {
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if ((i64)(now - start) > timeout_ns) {
+        asm volatile("trap;");  // rawflux gemm pipeline stalled: a stage was never released
+      }
+    }
+  }
+}
+
 // mbar_arrive_expect_tx on the barrier at the same shared offset in cluster CTA `cta` (may be this
 // CTA): the consumer refill arms the peer's stage for the loads it issues into it. Default
 // release.cta semantics: the bytes are TMA's, completed on the barrier itself.
