@@ -15,24 +15,31 @@ SRC = r'''
 #include "rawflux/ptx/mbarrier.cuh"
 using namespace rawflux;
 extern "C" __global__ void __launch_bounds__(128, 1) merge_probe(const __grid_constant__ TensorMap tmap, int iters, int unique_rows,
-                                                                int sync_cluster) {
+                                                                int sync_cluster, int mcast) {
   extern __shared__ __align__(1024) u8 sm_raw[];
   u8* sm = sm_raw + ((1024u - (ptx::smem_u32(sm_raw) & 1023u)) & 1023u);
   u64* bar = reinterpret_cast<u64*>(sm + 16384);
   if (threadIdx.x == 0) {
     ptx::mbar_init(bar, 1);
-    ptx::fence_mbar_init();  // the init before the TMA's complete_tx on it
+    ptx::fence_mbar_init();  // the init before the TMA's complete_tx on it (and the peer's multicast)
   }
   __syncthreads();
-  const int row0 = unique_rows ? (int)blockIdx.x * 128 : 0;
+  if (mcast) ptx::cluster_sync();  // both CTAs' barriers initialized before either multicasts into them
+  const u32 rank = mcast ? ptx::cluster_ctarank() : 0u;
+  const int row0 = unique_rows ? (int)(mcast ? blockIdx.x / 2 : blockIdx.x) * 128 : 0;
   for (int it = 0; it < iters; ++it) {
     if (sync_cluster) ptx::cluster_sync();  // the cluster's CTAs issue box `it` together
     if (threadIdx.x == 0) {
       ptx::mbar_arrive_expect_tx(bar, 16384);
-      ptx::tma_load_2d(sm, &tmap, bar, it * 64, row0);
+      if (mcast) {  // this CTA's 64 rows of the box, to both CTAs of the pair (the engine's B)
+        ptx::tma_load_2d_multicast(sm + rank * 8192, &tmap, bar, it * 64, row0 + (int)rank * 64, (u16)3);
+      } else {
+        ptx::tma_load_2d(sm, &tmap, bar, it * 64, row0);
+      }
     }
     ptx::mbar_wait(bar, (u32)(it & 1), 2000000000ll);
     __syncthreads();
+    if (mcast) ptx::cluster_sync();  // the peer is done with box `it` before either multicasts box it + 1 over it
   }
 }
 '''
@@ -42,14 +49,17 @@ iters, ctas = 256, 16
 rows, cols = 128 * ctas, 64 * iters
 a = cupy.ones((rows, cols), dtype=cupy.uint16)
 tm = tensor_map(a.data.ptr, DType.BF16, rows, cols, cols, 128, 64)
+tm64 = tensor_map(a.data.ptr, DType.BF16, rows, cols, cols, 64, 64)
 smem = 16384 + 1024 + 64
 from cuda.bindings import driver
 driver.cuFuncSetAttribute(driver.CUfunction(k.handle), driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-runs = [("cluster8 shared", 8, 8, 0, 1), ("cluster8 unique", 8, 8, 1, 1), ("nocluster8 shared", 8, 1, 0, 0),
-        ("nocluster8 unique", 8, 1, 1, 0), ("cluster2 shared", 2, 2, 0, 1), ("cluster16 shared", 16, 16, 0, 1)]
-for label, grid, cl, uniq, sync in runs:
+runs = [("nocluster8 shared", 8, 1, 0, 0, 0), ("nocluster8 unique", 8, 1, 1, 0, 0),
+        ("4 pairs multicast shared", 8, 2, 0, 0, 1), ("4 pairs multicast unique", 8, 2, 1, 0, 1),
+        ("8 pairs multicast shared", 16, 2, 0, 0, 1), ("8 pairs multicast unique", 16, 2, 1, 0, 1)]
+for label, grid, cl, uniq, sync, mc in runs:
     try:
-        k.launch_ex((grid, 1, 1), (128, 1, 1), (tm, np.int32(iters), np.int32(uniq), np.int32(sync)), smem=smem, cluster=(cl, 1, 1))
+        k.launch_ex((grid, 1, 1), (128, 1, 1), (tm64 if mc else tm, np.int32(iters), np.int32(uniq), np.int32(sync), np.int32(mc)),
+                    smem=smem, cluster=(cl, 1, 1))
         cupy.cuda.Device(0).synchronize()
         print(f"launched: {label} (grid {grid}, cluster {cl}): {grid * iters} boxes of 16 KB = {grid * iters * 128} row requests of 128 B", flush=True)
     except Exception as e:  # noqa: BLE001
