@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,6 +117,9 @@ def main(argv=None) -> int:
                     "raster as the heuristic picks it; rows 'rawflux[<tile>]'")
     ap.add_argument("--configs", default="", help="full config tags (e.g. 128x128x64s7c2x1w2/k2/g8m/p0, as GemmConfig.tag() "
                     "writes them) also timed at every point; rows 'rawflux{<tag>}'")
+    ap.add_argument("--tails", default="", help="pieces per tile (e.g. 2,3,4) of the split tail also timed at every point where it "
+                    "cuts tiles: the heuristic's pick with GemmConfig.tail (its tile, or the 128x256 pair where the pick's tile has "
+                    "no stream-K); rows 'rawflux<tN>'")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile 2000 small rawflux.gemm calls")
@@ -146,6 +150,7 @@ def main(argv=None) -> int:
 
     extra_tiles = [tune.parse_tag(t + "/k1/g8m/p0").tile for t in args.tiles.split(",") if t]
     extra_cfgs = [tune.parse_tag(t) for t in args.configs.split(",") if t]
+    tails = [int(x) for x in args.tails.split(",") if x]
     shapes = SHAPES_NK if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     ms = [int(x) for x in args.ms.split(",")]
     rows, sweep_rows = [], []
@@ -240,6 +245,11 @@ def main(argv=None) -> int:
                 # (row label, config): --tiles as the heuristic would raster them, then --configs as given
                 extra = [(f"[{tt.tag()}]", tune.GemmConfig(tt, 1, 8, -(-m // tt.bm) > -(-n // tt.bn))) for tt in extra_tiles]
                 extra += [(f"{{{c.tag()}}}", c) for c in extra_cfgs]
+                for s in tails:  # the pick with a split tail, where it cuts tiles
+                    base = cfg if cfg.tile.stream_k_ok else replace(cfg, tile=tune.parse_tag("128x256x64s4c2x1w2/k1/g8m/p0").tile)
+                    tc = replace(base, splits=1, stream_k=True, tail=s)
+                    if tune.sk_plan(m, n, k, tc, info.sms).tail:
+                        extra.append((f"<t{s}>", tc))
                 skipped = []
                 for label, c in list(extra):  # a config this point cannot run (the host says why, before any launch)
                     try:
@@ -281,7 +291,7 @@ def main(argv=None) -> int:
     print("\nsummary (ratio = rawflux TF/s / faster cuBLAS TF/s)")
     for dt in args.dtypes.split(","):
         for impl in (("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles)
-                     + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs)):
+                     + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs) + tuple(f"rawflux<t{s}>" for s in tails)):
             big, small = [], []
             for (rdt, m, _, _), (ratio, _) in ratios(rows, impl).items():
                 if rdt == dt:

@@ -79,34 +79,41 @@ class GemmConfig:
     raster_n: bool = False  # False: groups of tile-rows walked along n
     ctas: int = 0  # persistent CTAs (0: every SM)
     stream_k: bool = False  # the tiles past the last full wave cut into equal k runs per cluster (sk_plan)
+    # With stream_k: 0, stream-K's equal runs; >= 2, the split tail instead: the tiles of the partial
+    # last wave cut into `tail` pieces at the same k offsets (sk_plan).
+    tail: int = 0
 
     def tag(self) -> str:
-        ks = "sk" if self.stream_k else f"k{self.splits}"
+        ks = (f"t{self.tail}" if self.tail else "sk") if self.stream_k else f"k{self.splits}"
         return f"{self.tile.tag()}/{ks}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
 
     def to_json(self) -> dict:
         return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas,
-                "stream_k": self.stream_k}
+                "stream_k": self.stream_k, "tail": self.tail}
 
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
         return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)),
-                          bool(d.get("stream_k", False)))
+                          bool(d.get("stream_k", False)), int(d.get("tail", 0)))
 
 
 def parse_tag(tag: str) -> GemmConfig:
     """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0', or
-    '.../sk/...' for stream-K); the tile must be one rawflux compiles."""
+    '.../sk/...' for stream-K, '.../t3/...' for the split tail); the tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk))/g(\d+)([mn])/p(\d+)", tag.strip())
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk)|t(\d+))/g(\d+)([mn])/p(\d+)",
+                      tag.strip())
     if mt is None:
-        raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0' or '.../sk/g8m/p0')")
-    bm, bn, st, cm, cn, ck, w, k, sk, g, r, p = mt.groups()
+        raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0', '.../sk/g8m/p0' "
+                         f"or '.../t3/g8m/p0')")
+    bm, bn, st, cm, cn, ck, w, k, sk, tl, g, r, p = mt.groups()
+    if tl is not None and int(tl) < 2:
+        raise ValueError(f"gemm config tag {tag!r}: a split tail cuts each tile in at least 2 pieces")
     tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w), int(ck or 1))
     if tile not in TILES and tile not in KSPLIT_TILES:
         raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in (*TILES, *KSPLIT_TILES))})")
-    return GemmConfig(tile, 1 if sk else int(k), int(g), r == "n", int(p), bool(sk))
+    return GemmConfig(tile, 1 if (sk or tl) else int(k), int(g), r == "n", int(p), bool(sk or tl), int(tl or 0))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -287,6 +294,7 @@ class SkPlan:
     max_pieces: int  # most runs any tile is cut into: the workspace's depth per slot (GemmParams.splits)
     pieces: int  # pieces in all tiles cut more than once (each writes an fp32 partial)
     k_blocks: int
+    tail: int = 0  # split tail (GemmParams::tail_splits): pieces per stream-K tile at fixed k offsets; 0: equal runs
 
     @property
     def iters(self) -> int:
@@ -310,12 +318,26 @@ def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
     R tiles (G clusters), the last full wave and the partial one (G + R tiles) are cut into G equal
     k runs, so every cluster ends at the same time; with no partial wave there is nothing to even
     out (sk_tiles = 0). The kernel's unsigned arithmetic needs G * I < 2^31 (I = sk_tiles x k
-    blocks); beyond that the plan falls back to data-parallel."""
+    blocks); beyond that the plan falls back to data-parallel.
+
+    The split tail (cfg.tail = s >= 2) cuts only the R tiles of the partial wave, each into s pieces
+    of ceil(k blocks / s) (fewer pieces where k has fewer blocks), piece j of every tail tile at the
+    same k offset; the grid takes the R x s pieces piece index by piece index, so the clusters of a
+    round load the same k range of neighbouring tiles, as data-parallel waves do (stream-K's runs
+    start at scattered offsets and lose that L2 reuse). It pays where R x s pieces fill their rounds:
+    ceil(R s / G) / s < 1 (R / G = 0.64: s = 3 takes the last wave in 2/3 of its time)."""
     t = cfg.tile
     kb = _cdiv(k, BK)
     ctiles = cluster_tiles(m, n, t)
     g = max(1, min(cfg.ctas or sms, sms) // t.cluster_size)
     full, rem = divmod(ctiles, g)
+    if cfg.tail:
+        if cfg.tail < 2:
+            raise ValueError(f"config {cfg.tag()}: a split tail cuts each tile in at least 2 pieces")
+        _, _, s = split_plan(k, cfg.tail)
+        if rem == 0 or full == 0 or s < 2:  # no partial wave, no data-parallel one (split-K's case), or one piece
+            return SkPlan(min(g, ctiles), 0, 1, 0, kb)
+        return SkPlan(g, rem, s, rem * s, kb, tail=s)
     sk = 0 if rem == 0 else (ctiles if full == 0 else g + rem)
     if sk:
         g = min(g, sk * kb)  # every cluster owns >= 1 iteration (only when the tiles are fewer than G)
@@ -421,7 +443,7 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
         sp = sk_plan(m, n, k, cfg, dev.sms)
         if sp.sk_tiles:
             return _estimate_sk_us(m, n, k, cfg, dev, out_bytes, sp)
-        cfg = replace(cfg, stream_k=False, splits=1)
+        cfg = replace(cfg, stream_k=False, splits=1, tail=0)
     kb, per, splits = split_plan(k, cfg.splits)
     tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
     ctiles = _cdiv(tm, t.cluster_m) * _cdiv(tn, t.cluster_n)
@@ -469,6 +491,15 @@ def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, ou
     g = sp.clusters
     dp_waves = (ctiles - sp.sk_tiles) // g
     nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n + 2.0 * 4 * sp.pieces * t.cluster_size * t.bm * t.bn
+    if sp.tail:
+        # Split tail: rounds of whole-grid pieces; a cluster writes one partial per round, and a
+        # tile's last piece reads all `tail` partials back; TAIL_ROUND_S per round besides.
+        per = _cdiv(sp.k_blocks, sp.tail)
+        rounds = _cdiv(sp.pieces, g)
+        t_fix = (rounds + sp.tail) * t.bm * t.bn * 4.0 / dev.fixup_bytes_per_s
+        t_dp = dp_waves * (sp.k_blocks * t_kb + 2e-6)
+        t_tail = rounds * (per * t_kb + 2e-6 + TAIL_ROUND_S) + t_fix
+        return max(t_dp + t_tail, nbytes / dev.dram_bytes_per_s) * 1e6
     cut = [sk_pieces(i, sp.k_blocks, g, sp.iters)[1] for i in range(sp.sk_tiles)]
     multi = [c for c in cut if c > 1]
     writes = sp.pieces / g  # partials written per cluster
@@ -477,6 +508,19 @@ def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, ou
     t_dp = dp_waves * (sp.k_blocks * t_kb + 2e-6)
     t_sk = _cdiv(sp.iters, g) * t_kb + 2e-6 + t_fix
     return max(t_dp + t_sk, nbytes / dev.dram_bytes_per_s) * 1e6
+
+
+# Pieces per tile the tuner tries for the split tail (sk_plan).
+TAIL_SPLITS = (2, 3, 4, 5, 6)
+# What a split-tail round costs beyond its k blocks and the partials' bytes (session 26, H200: the
+# picks with 2-6 pieces timed at the 20 bar points, benchmarks/results/gemm-variants-2026-11-30-s26).
+# Without it the model ran 2.7 % fast on the tail's time (rms 3 %) and would cut tiles at m = 1024
+# where that measured 2.4 % slower; with 20 us the heuristic cuts them at 5 of the 20 points, each
+# measured 0.6-1.7 % faster than the data-parallel pick (m >= 4096, the large shapes).
+TAIL_ROUND_S = 20e-6
+# The heuristic cuts a tail only after this many data-parallel waves: the range session 26 measured
+# it in (the 5 picks had 11-54 waves). Shorter problems get it from the measured tuner.
+TAIL_MIN_WAVES = 8
 
 
 def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
@@ -495,6 +539,11 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
         if t.stream_k_ok and sk_plan(m, n, k, GemmConfig(t, stream_k=True), dev.sms).sk_tiles:
             for raster_n in (False, True):
                 out.append(GemmConfig(t, 1, 8, raster_n, stream_k=True))
+            for s in TAIL_SPLITS:  # the split tail where its pieces fill their rounds
+                sp = sk_plan(m, n, k, GemmConfig(t, stream_k=True, tail=s), dev.sms)
+                if sp.tail == s and _cdiv(sp.pieces, sp.clusters) < s:
+                    for raster_n in (False, True):
+                        out.append(GemmConfig(t, 1, 8, raster_n, stream_k=True, tail=s))
     for t in KSPLIT_TILES:
         # Not for m <= bm / 2: at m = 64 the 128-row pair ran at 0.75 of cuBLAS where 64x128 k2 ran at 0.89
         # (session 10; the model does not see the empty rows' tensor time).
@@ -509,10 +558,14 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
     Stream-K is left to the measured tuner: on the H200 sweep of 2026-11-29 (session 6) it was
     slower than the best split-K or data-parallel configuration at 29 of 30 points and equal at
     the 30th (the model does not see its loss of L2 reuse: clusters at different k offsets of
-    tiles that share operands; benchmarks/results/gemm-variants-2026-11-29-s6/README.md)."""
+    tiles that share operands; benchmarks/results/gemm-variants-2026-11-29-s6/README.md). The split
+    tail (k-aligned pieces of the partial wave's tiles) is the heuristic's to pick, by the model
+    with TAIL_ROUND_S."""
     best, best_t = None, math.inf
     for cfg in candidates(m, n, k, b_layout, dev):
-        if cfg.raster_n or cfg.stream_k:
+        if cfg.raster_n or (cfg.stream_k and not cfg.tail):
+            continue
+        if cfg.tail and cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size) < TAIL_MIN_WAVES:
             continue
         t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
         if t < best_t - 1e-9:
@@ -586,14 +639,14 @@ def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out
     its time."""
     ranked = sorted(candidates(m, n, k, b_layout, dev), key=lambda c: estimate_us(m, n, k, c, dev, out_bytes))
     seen, trials = set(), []
-    for c in ranked:
-        if c in seen or c.stream_k:
+    for c in ranked:  # split tails compete here; stream-K's runs get their own two places below
+        if c in seen or (c.stream_k and not c.tail):
             continue
         seen.add(c)
         trials.append(c)
         if len(trials) >= top:
             break
-    for c in [c for c in ranked if c.stream_k][:2]:
+    for c in [c for c in ranked if c.stream_k and not c.tail][:2]:
         seen.add(c)
         trials.append(c)
     h = heuristic(m, n, k, b_layout, dev, out_bytes)

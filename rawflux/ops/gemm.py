@@ -30,7 +30,7 @@ _LAYOUT_CODE = {"nk": 0, "kn": 1}
 _TMAP_CODE = {DType.BF16: 9, DType.F16: 6}  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16
 
 # struct GemmParams (cuda_src/rawflux/gemm/config.cuh), same field order.
-GEMM_PARAMS = struct.Struct("<15i4x2Qq")
+GEMM_PARAMS = struct.Struct("<16i2Qq")
 # struct LocalStore::Params (policies.cuh): c, bias, ldc, bias_kind, pad.
 _LOCAL_STORE = struct.Struct("<QQqii")
 _TMA_STORE_TAIL = struct.Struct("<QqQii")  # after the 128-byte map: c, ldc, bias, bias_kind, pad
@@ -346,17 +346,17 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     kb, per, splits = tune.split_plan(k, cfg.splits)
     if t.cluster_k > 1:  # the k halves of a k-split cluster: split where split-K k2 splits
         _, per, _ = tune.split_plan(k, t.cluster_k)
-    sk_tiles = 0
+    sk_tiles = tail = 0
     if cfg.stream_k:
         if sms < 1:
             raise ValueError(f"config {cfg.tag()}: a stream-K plan needs the device's SM count (sms=)")
         sp = tune.sk_plan(m, n, k, cfg, sms)
-        kb, per, splits, sk_tiles = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles
+        kb, per, splits, sk_tiles, tail = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles, sp.tail
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
         m, n, k, -(-m // t.bm), -(-n // t.bn), kb, splits, per, max(1, cfg.group), int(cfg.raster_n),
-        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), workspace, counters, timeout_ns,
+        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), tail, workspace, counters, timeout_ns,
     )
 
 
@@ -409,6 +409,10 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
     t = cfg.tile
     if sched != PLAIN_SCHED and (cfg.splits > 1 or cfg.stream_k):
         raise ValueError(f"{sched} does not split k: config {cfg.tag()} needs splits = 1 and no stream-K")
+    if cfg.tail and (not cfg.stream_k or cfg.tail < 2):
+        raise ValueError(f"config {cfg.tag()}: a split tail is a stream-K mode (stream_k=True) of at least 2 pieces")
+    if cfg.tail and _dyn_order(t):
+        raise ValueError(f"config {cfg.tag()}: the RAWFLUX_DYN_SCHED build has no split tail")
     if cfg.stream_k and (cfg.splits != 1 or not t.stream_k_ok):
         raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
                          f"consumer warpgroup (tile {t.tag()} has {t.wn})")

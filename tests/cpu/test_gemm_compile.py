@@ -42,7 +42,7 @@ def test_smem_fits_and_stages():
 
 
 _GEMM_PARAM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n",
-                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "workspace", "counters", "timeout_ns")
+                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "workspace", "counters", "timeout_ns")
 
 
 def test_params_layout():

@@ -6,6 +6,7 @@ the time model's candidates, and the fused ops never asking for it."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -27,7 +28,7 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
     t = cfg.tile
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, n, k, sms=sms, timeout_ns=1))
     (pm, pn, pk, tiles_m, tiles_n, k_blocks, splits, kb_per_split, group, raster_n, seg_count, seg_start, sk_tiles,
-     _a_box, _a_tail, _ws, _ctr, _to) = p
+     _a_box, _a_tail, tail, _ws, _ctr, _to) = p
     grid = g.grid_size(cfg, m, n, k, sms)
     G = grid // t.cluster_size
     ctm, ctn = _cdiv(tiles_m, t.cluster_m), _cdiv(tiles_n, t.cluster_n)
@@ -45,6 +46,17 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
                 kb0 = split * kb_per_split
                 kb1 = min(k_blocks, kb0 + kb_per_split)
                 unit += G
+            elif sk_tiles > 0 and tail > 0:  # split tail: piece j of tail tile t is unit dp_tiles + j * sk_tiles + t
+                v = unit - dp_tiles
+                if v >= sk_tiles * tail:
+                    break
+                split, nsplit = v // sk_tiles, tail
+                per = _cdiv(k_blocks, tail)
+                cu = dp_tiles + v - split * sk_tiles
+                kb0 = split * per
+                kb1 = min(k_blocks, kb0 + per)
+                unit += G
+                sk_piece = True
             else:
                 if sk_tiles == 0:
                     break
@@ -158,7 +170,7 @@ def test_params_and_tags():
     assert tune.GemmConfig.from_json({k: v for k, v in tune.GemmConfig(t).to_json().items() if k != "stream_k"}) == tune.GemmConfig(t)
     sp = tune.sk_plan(256, 6144, 12288, cfg, 132)
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 256, 6144, 12288, sms=132, timeout_ns=5))
-    assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[17] == 5
+    assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[18] == 5
     assert g.grid_size(cfg, 256, 6144, 12288, 132) == sp.clusters * 2
     assert g.GEMM_PARAMS.unpack(g.gemm_params(tune.GemmConfig(t, splits=3), 256, 6144, 12288))[12] == 0
 
@@ -198,3 +210,67 @@ def test_fused_ops_never_stream_k():
                         b_layout="nk", partials="bf16", rank=0, world=2, dev=dev, gemm_ctas=120, reduce_ctas=12, tiles_cap=4096,
                         config=tune.GemmConfig(t, stream_k=True))
     assert not plan.cfg.stream_k and plan.cfg.splits == 1
+
+
+def test_split_tail_covers_every_iteration_once():
+    rng = random.Random(3)
+    seen = 0
+    for _ in range(300):
+        t = rng.choice(SK_TILES)
+        sms = rng.choice([132, 114, 78, 16, 7, 2])
+        m = rng.randint(1, 5000)
+        n = 8 * rng.randint(1, 1200)
+        k = 8 * rng.randint(1, 2000)
+        cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
+                              stream_k=True, tail=rng.randint(2, 7))
+        if t.cluster_size > min(cfg.ctas or sms, sms):
+            continue
+        p = check_cover(m, n, k, cfg, sms)
+        seen += p[15] > 0
+    assert seen > 150
+
+
+def test_split_tail_rounds_share_k_offsets():
+    """A round of the grid (G consecutive tail units) holds at most two piece indices, so its
+    clusters run at most two k offsets (the L2 reuse stream-K's runs lose)."""
+    t = next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+    m, n, k = 4096, 12288, 6144  # 768 pair tiles on 66 clusters: 11 waves + 42
+    cfg = tune.GemmConfig(t, stream_k=True, tail=3)
+    sp = tune.sk_plan(m, n, k, cfg, 132)
+    assert (sp.clusters, sp.sk_tiles, sp.tail, sp.max_pieces, sp.k_blocks) == (66, 42, 3, 3, 96)
+    pieces, p = walk(m, n, k, cfg, 132)
+    assert p[12] == 42 and p[15] == 3 and p[6] == 3 and p[7] == 96
+    per_cluster = {}
+    for cid, tm, tn, kb0, kb1, split, nsplit, slot in pieces:
+        per_cluster.setdefault(cid, []).append((kb0, kb1, nsplit))
+    rounds = {}
+    for cid, units in per_cluster.items():
+        whole = [u for u in units if u[2] == 1]
+        tail_units = [u for u in units if u[2] == 3][::2]  # one entry per CTA of the pair
+        assert len(whole) == 2 * 11 and all(u[:2] == (0, 96) for u in whole)
+        assert len(tail_units) == (2 if cid < 60 else 1)  # 126 pieces on 66 clusters
+        for r, u in enumerate(tail_units):
+            rounds.setdefault(r, set()).add(u[:2])
+    assert rounds == {0: {(0, 32), (32, 64)}, 1: {(32, 64), (64, 96)}}
+    # Whole waves only, or one piece per tile: data-parallel.
+    assert tune.sk_plan(256 * 66, 256, 4096, replace(cfg, tail=3), 132).sk_tiles == 0
+    assert tune.sk_plan(4096, 12288, 64, cfg, 132).sk_tiles == 0
+    with pytest.raises(ValueError):
+        tune.sk_plan(m, n, k, replace(cfg, tail=1), 132)
+
+
+def test_split_tail_tags_and_params():
+    t = next(t for t in SK_TILES if t.cluster_m == 2)
+    cfg = tune.GemmConfig(t, stream_k=True, tail=4)
+    assert "/t4/" in cfg.tag() and tune.parse_tag(cfg.tag()) == cfg
+    assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError):
+        tune.parse_tag(cfg.tag().replace("/t4/", "/t1/"))
+    sp = tune.sk_plan(4096, 8192, 8192, cfg, 132)  # 512 pair tiles: 7 waves + 50, cut in 4
+    p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 4096, 8192, 8192, sms=132, timeout_ns=5))
+    assert p[12] == sp.sk_tiles == 50 and p[15] == 4 and p[6] == 4 and p[7] == p[5] == 128
+    assert g.grid_size(cfg, 4096, 8192, 8192, 132) == 132
+    # The tuner is offered a split tail only where its pieces fill fewer rounds than the tile's.
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20)
+    tails = {c.tail for c in tune.candidates(4096, 12288, 6144, "nk", dev) if c.tail and c.tile == t}
+    assert 3 in tails and 2 not in tails

@@ -198,6 +198,49 @@ def test_stream_k_every_tile(rf):
                 assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16))), f"{t.tag()} {layout}: not bitwise repeatable"
 
 
+SPLIT_TAIL_CASES = [
+    # (m, n, k, ctas, pieces): a partial wave after data-parallel ones on small grids, pieces of
+    # one k block (k = 200: 4 blocks, 5 pieces asked), ragged m, n and k.
+    (300, 968, 4104, (6, 10, 14), 3),
+    (1000, 2056, 1000, (20, 22, 26), 2),
+    (520, 1800, 200, (10, 14), 5),
+    (4096, 3072, 640, (0,), 4),
+]
+
+
+def test_split_tail_every_tile(rf):
+    """The split tail (GemmConfig.tail) on every tile that compiles stream-K: the partial wave's
+    tiles cut into k-aligned pieces summed by the split-K fix-up; against float64 (bias, f32
+    output), and bitwise repeatable."""
+    from rawflux import tune
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    for t in tune.TILES:
+        if not t.stream_k_ok:
+            continue
+        for layout in ("nk", "kn"):
+            if not t.supports(layout):
+                continue
+            for i, (m, n, k, grids, pieces) in enumerate(SPLIT_TAIL_CASES):
+                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, tail=pieces) for c in grids]
+                cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
+                if cfg is None:
+                    continue
+                dtype = ("bf16", "f16")[i % 2]
+                check(rf, m, n, k, layout=layout, config=cfg, dtype=dtype, bias=dtype if i < 2 else "f32",
+                      out_dtype="f32" if i == 1 else None)
+                a = _rand((m, k), dtype, 21 + i)
+                w = _rand((n, k), dtype, 22 + i)
+                b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+                first = rf.gemm(a, b, b_layout=layout, config=cfg)
+                again = rf.gemm(a, b, b_layout=layout, config=cfg)
+                assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16))), f"{t.tag()} {layout}: not bitwise repeatable"
+    # Each case cut a tile for some tile shape (else the test checks nothing).
+    t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
+    for m, n, k, grids, pieces in SPLIT_TAIL_CASES:
+        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, ctas=c, stream_k=True, tail=pieces), sms).sk_tiles for c in grids)
+
+
 def test_few_ctas_and_rotation(rf):
     """Persistent CTAs walking many tiles each, and the row-block rotation the fused ops use."""
     from rawflux import tune

@@ -34,6 +34,9 @@ struct GemmParams {
                          // a ragged last tile row when m spans more than one box (its rows rounded up to 8), and
                          // zero-filled by a cluster's idle CTA (a tile wholly past m; 8 rows when no row is ragged).
                          // 0 = no tail map (tmap_a_tail is tmap_a); always 0 with A multicast (kClusterN > 1).
+  i32 tail_splits;       // split tail (StreamKSched only, with sk_tiles > 0): the last sk_tiles cluster tiles are cut
+                         // into tail_splits pieces of ceil(k_blocks / tail_splits) k blocks each, at the same k
+                         // offsets in every tile, instead of stream-K's equal runs; 0 = stream-K runs.
   u64 workspace;         // split-K / stream-K: fp32 partial tiles (see splitk_fixup in mainloop_sm90.cuh)
   u64 counters;          // split-K / stream-K: one u32 arrival counter per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)

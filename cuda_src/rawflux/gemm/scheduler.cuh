@@ -18,6 +18,15 @@
 // at the same time; on the H200 that measured slower than split-K or the plain grid at 29 of 30
 // points (docs/gemm-notes.md, session 6), so only the measured tuner picks it.
 // The host (rawflux/tune.py, sk_plan) keeps G <= I (no empty run) and G * I < 2^31 (u32 math).
+// Split tail (StreamKSched, p.tail_splits = s > 0): the last sk_tiles tiles (the partial wave, after
+// whole data-parallel ones) are each cut into s pieces of ceil(k_blocks / s) k blocks, and the
+// pieces are units after the data-parallel ones, piece index major: unit dp_tiles + j * sk_tiles + t
+// is piece j of tail tile t. The clusters of one round of the grid then run at most two piece
+// indices, so the operands of neighbouring tiles are read at the same k offsets, as in a
+// data-parallel wave; stream-K's runs start at scattered offsets and lose that L2 reuse. The
+// pieces are summed by splitk_fixup in piece order (bits repeat from call to call).
+// Measured on the H200 (session 26): 0.6-1.7 % faster than the data-parallel picks at m >= 4096 on
+// the large shapes; at m <= 2048 a partial wave of 0.8-0.95 of the grid leaves no round to save.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
@@ -50,6 +59,7 @@ struct TileSchedT {
 
   RAWFLUX_DEVICE TileSchedT(const GemmParams& p, i32 cluster_id, i32 rank) : unit(cluster_id), cta_rank((u32)rank) {
     if (!kStreamK && p.sk_tiles != 0) __trap();  // the host never asks this variant for stream-K: tiles would go missing
+    if (kDynamic && p.tail_splits != 0) __trap();  // nor the dynamic-order build for a split tail
   }
 
   // Units advance by the number of clusters in the grid (CTAs without clusters).
@@ -76,31 +86,48 @@ struct TileSchedT {
         return false;
       } else {
         if (sk_tiles == 0) return false;
-        const u32 G = (u32)stride();
-        const u32 K = (u32)p.k_blocks;
-        const u32 iters = (u32)sk_tiles * K;
-        u32 it, g;
-        if (unit >= 0) {  // first stream-K call: unit = cluster_id + j * G
-          g = (u32)unit % G;
-          it = g * iters / G;
-        } else {  // iteration it - 1 was this cluster's: its owner is this cluster
-          it = (u32)(-1 - unit);
-          g = (it * G - 1) / iters;
+        // Not in the dynamic-order build (development): its producer spills 4 bytes with this branch;
+        // the host refuses a split tail there (ops/gemm.py).
+        if (!kDynamic && p.tail_splits > 0) {
+          // Split tail: piece j of tail tile t is unit dp_tiles + j * sk_tiles + t, so a round of
+          // the grid takes the same k range of neighbouring tiles (they share operand rows in L2).
+          const i32 v = unit - dp_tiles;
+          if (v >= sk_tiles * p.tail_splits) return false;
+          const i32 split = v / sk_tiles;
+          const i32 per = (p.k_blocks + p.tail_splits - 1) / p.tail_splits;
+          cu = dp_tiles + (v - split * sk_tiles);
+          w.split = split;
+          w.splits = p.tail_splits;
+          w.kb_begin = split * per;
+          w.kb_end = min(p.k_blocks, w.kb_begin + per);
+          unit += stride();
+        } else {
+          const u32 G = (u32)stride();
+          const u32 K = (u32)p.k_blocks;
+          const u32 iters = (u32)sk_tiles * K;
+          u32 it, g;
+          if (unit >= 0) {  // first stream-K call: unit = cluster_id + j * G
+            g = (u32)unit % G;
+            it = g * iters / G;
+          } else {  // iteration it - 1 was this cluster's: its owner is this cluster
+            it = (u32)(-1 - unit);
+            g = (it * G - 1) / iters;
+          }
+          const u32 end = (g + 1) * iters / G;
+          if (it >= end) return false;
+          const u32 t = it / K;
+          const u32 kb0 = it - t * K;
+          const u32 kb1 = min(K, kb0 + (end - it));
+          // Owner of iteration x: the largest g with g * I / G <= x, i.e. ((x + 1) * G - 1) / I.
+          const u32 first = ((t * K + 1) * G - 1) / iters;
+          const u32 last = ((t + 1) * K * G - 1) / iters;
+          w.split = (i32)(g - first);
+          w.splits = (i32)(last - first + 1);
+          w.kb_begin = (i32)kb0;
+          w.kb_end = (i32)kb1;
+          cu = dp_tiles + (i32)t;
+          unit = -1 - (i32)(it + kb1 - kb0);
         }
-        const u32 end = (g + 1) * iters / G;
-        if (it >= end) return false;
-        const u32 t = it / K;
-        const u32 kb0 = it - t * K;
-        const u32 kb1 = min(K, kb0 + (end - it));
-        // Owner of iteration x: the largest g with g * I / G <= x, i.e. ((x + 1) * G - 1) / I.
-        const u32 first = ((t * K + 1) * G - 1) / iters;
-        const u32 last = ((t + 1) * K * G - 1) / iters;
-        w.split = (i32)(g - first);
-        w.splits = (i32)(last - first + 1);
-        w.kb_begin = (i32)kb0;
-        w.kb_end = (i32)kb1;
-        cu = dp_tiles + (i32)t;
-        unit = -1 - (i32)(it + kb1 - kb0);
         sk_piece = true;
       }
     }
