@@ -29,8 +29,9 @@ DEFAULT_DATA = [
     RESULTS / "gemm-variants-2026-11-30-s14" / f for f in ("r1-sweep-64x96-a.json", "r1-sweep-64x96-b.json", "r2-moved-picks.json")] + [
     # session 17: A's tail box (kernel change) makes ragged m faster; r2 re-sweeps m = 96, 192, 320
     RESULTS / "gemm-variants-2026-11-30-s17" / f for f in ("r1-moved-picks.json", "r2-sweep-ragged.json", "r3-moved-picks.json")] + [
-    # session 26: the picks and the split tail (2-6 pieces) at the 20 bar points m >= 1024
-    RESULTS / "gemm-variants-2026-11-30-s26" / "c1-tails.json"]
+    # session 26: the picks and the split tail (2-6 pieces) at the 20 bar points m >= 1024, and at
+    # m = 1536, 3072 (28672x8192) beside the data-parallel configs
+    RESULTS / "gemm-variants-2026-11-30-s26" / f for f in ("c1-tails.json", "c6-1536-3072.json")]
 
 
 def _canon(tag: str) -> str:
@@ -40,28 +41,32 @@ def _canon(tag: str) -> str:
 def load(paths) -> dict[tuple[int, int, int], dict[str, float]]:
     """(m, n, k) -> {config tag: fastest measured ms}."""
     meas: dict[tuple[int, int, int], dict[str, float]] = {}
-    relative = []  # (m, n, k, tag, time / the pick's in the same run, pick tag, pick ms)
+    relative = []  # ((m, n, k), {tag: ms}) timed together in one bar run
     for p in paths:
         d = json.loads(Path(p).read_text())
         pairs = [(r["m"], r["n"], r["k"], r["config"], r["ms"]) for r in d.get("sweep", [])]
-        picks = {(r["m"], r["n"], r["k"]): r for r in d.get("rows", []) if r.get("impl") == "rawflux"}
+        if any(str(r.get("impl", "")).startswith("rawflux<t") for r in d.get("rows", [])):
+            # a bar run with --tails (session 26): every rawflux row of a point, timed in the same run
+            run = {}
+            for r in d["rows"]:
+                if str(r.get("impl", "")).startswith("rawflux") and r.get("config") and r["impl"] != "rawflux-tuned":
+                    run.setdefault((r["m"], r["n"], r["k"]), {})[_canon(r["config"])] = r["ms"]
+            relative.extend(run.items())
         for r in d.get("rows", []):
-            if str(r.get("impl", "")).startswith("rawflux<t"):  # benchmarks/gemm.py --tails: the pick with a split tail
-                pick = picks[(r["m"], r["n"], r["k"])]
-                relative.append((r["m"], r["n"], r["k"], r["config"], r["ms"] / pick["ms"], pick["config"], pick["ms"]))
             if "old" in r:
                 pairs += [(r["m"], r["n"], r["k"], r["old"], r["old_ms"]), (r["m"], r["n"], r["k"], r["new"], r["new_ms"])]
         for m, n, k, tag, ms in pairs:
             d2 = meas.setdefault((m, n, k), {})
             d2[_canon(tag)] = min(d2.get(_canon(tag), math.inf), ms)
-    # Rows timed beside the pick in a bar run (interleaved with cuBLAS, at the power cap) are slower
-    # than the sweeps' back-to-back timings of the same config: they enter as their ratio to the
-    # pick in that run, times the pick's sweep time where a sweep has one.
-    for m, n, k, tag, ratio, pick, pick_ms in relative:
-        d2 = meas.setdefault((m, n, k), {})
-        if _canon(pick) not in d2:
-            d2[_canon(pick)] = pick_ms
-        d2[_canon(tag)] = min(d2.get(_canon(tag), math.inf), ratio * d2[_canon(pick)])
+    # Configs timed together in a bar run (interleaved with cuBLAS, at the power cap) run slower than
+    # the sweeps' back-to-back timings: they enter scaled by a config the sweeps timed at that point
+    # (the run's time of it against the sweep's), or as they are where the sweeps have none.
+    for key, times in relative:
+        d2 = meas.setdefault(key, {})
+        anchor = next((t for t in times if t in d2), None)
+        scale = d2[anchor] / times[anchor] if anchor else 1.0
+        for tag, ms in times.items():
+            d2[tag] = min(d2.get(tag, math.inf), ms * scale) if anchor is None or tag != anchor else d2[tag]
     return meas
 
 
