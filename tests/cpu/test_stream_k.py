@@ -118,22 +118,26 @@ def check_cover(m, n, k, cfg, sms):
     return p
 
 
-def test_stream_k_covers_every_iteration_once():
-    rng = random.Random(1)
-    seen_sk = 0
+def _random_covers(seed, max_m, max_n8, tails):
+    """check_cover on 300 random problems, grids and stream-K configs (tail drawn from `tails`);
+    returns how many of them cut a tile."""
+    rng = random.Random(seed)
+    cut = 0
     for _ in range(300):
         t = rng.choice(SK_TILES)
         sms = rng.choice([132, 114, 78, 16, 7, 2])
-        m = rng.randint(1, 3000)
-        n = 8 * rng.randint(1, 800)
-        k = 8 * rng.randint(1, 2000)
+        m, n, k = rng.randint(1, max_m), 8 * rng.randint(1, max_n8), 8 * rng.randint(1, 2000)
         cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
-                              stream_k=True)
+                              stream_k=True, tail=rng.choice(tails))
         if t.cluster_size > min(cfg.ctas or sms, sms):
             continue
         p = check_cover(m, n, k, cfg, sms)
-        seen_sk += p[12] > 0
-    assert seen_sk > 150  # most draws really cut tiles (the rest have whole waves only)
+        cut += p[12] > 0
+    return cut
+
+
+def test_stream_k_covers_every_iteration_once():
+    assert _random_covers(1, 3000, 800, [0]) > 150  # most draws really cut tiles (the rest have whole waves only)
 
 
 def test_split_k_still_covers():
@@ -213,21 +217,7 @@ def test_fused_ops_never_stream_k():
 
 
 def test_split_tail_covers_every_iteration_once():
-    rng = random.Random(3)
-    seen = 0
-    for _ in range(300):
-        t = rng.choice(SK_TILES)
-        sms = rng.choice([132, 114, 78, 16, 7, 2])
-        m = rng.randint(1, 5000)
-        n = 8 * rng.randint(1, 1200)
-        k = 8 * rng.randint(1, 2000)
-        cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
-                              stream_k=True, tail=rng.randint(2, 7))
-        if t.cluster_size > min(cfg.ctas or sms, sms):
-            continue
-        p = check_cover(m, n, k, cfg, sms)
-        seen += p[15] > 0
-    assert seen > 150
+    assert _random_covers(3, 5000, 1200, [2, 3, 4, 5, 6, 7]) > 150
 
 
 def test_split_tail_rounds_share_k_offsets():

@@ -170,10 +170,11 @@ STREAM_K_CASES = [
 ]
 
 
-def test_stream_k_every_tile(rf):
-    """Stream-K on every tile that compiles it: the grids cut tiles into 1 to ~9 pieces, runs span
-    tiles, a small grid mixes data-parallel waves with cut tiles; against float64, with bias and f32
-    output; and each result repeats bitwise (pieces summed in k order, counters left at zero)."""
+def _cut_tiles_every_tile(rf, cases, seed, f32_case, require_cut):
+    """Every tile that compiles stream-K, nk and kn, on each case (m, n, k, grids, tail): the first
+    grid whose plan cuts a tile (stream-K runs with tail 0, else the split tail of `tail` pieces);
+    against float64 (bias 16-bit in the first two cases, f32 after; f32 output in case `f32_case`),
+    then bitwise repeatable (pieces summed in k order, counters left at zero)."""
     from rawflux import tune
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -183,19 +184,28 @@ def test_stream_k_every_tile(rf):
         for layout in ("nk", "kn"):
             if not t.supports(layout):
                 continue
-            for i, (m, n, k, grids) in enumerate(STREAM_K_CASES):
-                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True) for c in grids]
+            for i, (m, n, k, grids, tail) in enumerate(cases):
+                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, tail=tail) for c in grids]
                 cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
-                assert cfg is not None, f"{t.tag()} {(m, n, k, grids)}: no grid cuts a tile (a test that checks nothing)"
+                if cfg is None:
+                    assert not require_cut, f"{t.tag()} {(m, n, k, grids)}: no grid cuts a tile (a test that checks nothing)"
+                    continue
                 dtype = ("bf16", "f16")[i % 2]
                 check(rf, m, n, k, layout=layout, config=cfg, dtype=dtype, bias=dtype if i < 2 else "f32",
-                      out_dtype="f32" if i == 3 else None)
-                a = _rand((m, k), dtype, 11 + i)
-                w = _rand((n, k), dtype, 12 + i)
+                      out_dtype="f32" if i == f32_case else None)
+                a = _rand((m, k), dtype, seed + 2 * i)
+                w = _rand((n, k), dtype, seed + 2 * i + 1)
                 b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
                 first = rf.gemm(a, b, b_layout=layout, config=cfg)
                 again = rf.gemm(a, b, b_layout=layout, config=cfg)
                 assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16))), f"{t.tag()} {layout}: not bitwise repeatable"
+
+
+def test_stream_k_every_tile(rf):
+    """Stream-K on every tile that compiles it: the grids cut tiles into 1 to ~9 pieces, runs span
+    tiles, a small grid mixes data-parallel waves with cut tiles; against float64, with bias and f32
+    output; and each result repeats bitwise (pieces summed in k order, counters left at zero)."""
+    _cut_tiles_every_tile(rf, [(*case, 0) for case in STREAM_K_CASES], 11, 3, True)
 
 
 SPLIT_TAIL_CASES = [
@@ -214,27 +224,8 @@ def test_split_tail_every_tile(rf):
     output), and bitwise repeatable."""
     from rawflux import tune
 
+    _cut_tiles_every_tile(rf, SPLIT_TAIL_CASES, 21, 1, False)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    for t in tune.TILES:
-        if not t.stream_k_ok:
-            continue
-        for layout in ("nk", "kn"):
-            if not t.supports(layout):
-                continue
-            for i, (m, n, k, grids, pieces) in enumerate(SPLIT_TAIL_CASES):
-                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, tail=pieces) for c in grids]
-                cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
-                if cfg is None:
-                    continue
-                dtype = ("bf16", "f16")[i % 2]
-                check(rf, m, n, k, layout=layout, config=cfg, dtype=dtype, bias=dtype if i < 2 else "f32",
-                      out_dtype="f32" if i == 1 else None)
-                a = _rand((m, k), dtype, 21 + i)
-                w = _rand((n, k), dtype, 22 + i)
-                b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
-                first = rf.gemm(a, b, b_layout=layout, config=cfg)
-                again = rf.gemm(a, b, b_layout=layout, config=cfg)
-                assert bool(cupy.all(again.view(cupy.uint16) == first.view(cupy.uint16))), f"{t.tag()} {layout}: not bitwise repeatable"
     # Each case cut a tile for some tile shape (else the test checks nothing).
     t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
     for m, n, k, grids, pieces in SPLIT_TAIL_CASES:
