@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tails", default="", help="pieces per tile (e.g. 2,3,4) of the split tail also timed at every point where it "
                     "cuts tiles: the heuristic's pick with GemmConfig.tail (its tile, or the 128x256 pair where the pick's tile has "
                     "no stream-K); rows 'rawflux<tN>'")
+    ap.add_argument("--bands", action="store_true", help="also time the pick as banded stream-K (band = its raster group's "
+                    "column height; the 128x256 pair where the pick has no stream-K) where that cuts tiles")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile 2000 small rawflux.gemm calls")
@@ -250,6 +252,11 @@ def main(argv=None) -> int:
                     tc = replace(base, splits=1, stream_k=True, tail=s)
                     if tune.sk_plan(m, n, k, tc, info.sms).tail:
                         extra.append((f"<t{s}>", tc))
+                if args.bands:
+                    base = cfg if cfg.tile.stream_k_ok else replace(cfg, tile=tune.parse_tag("128x256x64s4c2x1w2/k1/g8m/p0").tile)
+                    bc = replace(base, splits=1, stream_k=True, tail=0, band=tune.band_height(m, n, base))
+                    if bc.band >= 2 and tune.sk_plan(m, n, k, bc, info.sms).band:
+                        extra.append(("<band>", bc))
                 skipped = []
                 for label, c in list(extra):  # a config this point cannot run (the host says why, before any launch)
                     try:
@@ -291,7 +298,7 @@ def main(argv=None) -> int:
     print("\nsummary (ratio = rawflux TF/s / faster cuBLAS TF/s)")
     for dt in args.dtypes.split(","):
         for impl in (("rawflux", "rawflux-tuned") + tuple(f"rawflux[{t.tag()}]" for t in extra_tiles)
-                     + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs) + tuple(f"rawflux<t{s}>" for s in tails)):
+                     + tuple(f"rawflux{{{c.tag()}}}" for c in extra_cfgs) + tuple(f"rawflux<t{s}>" for s in tails) + ("rawflux<band>",)):
             big, small = [], []
             for (rdt, m, _, _), (ratio, _) in ratios(rows, impl).items():
                 if rdt == dt:

@@ -31,7 +31,10 @@ DEFAULT_DATA = [
     RESULTS / "gemm-variants-2026-11-30-s17" / f for f in ("r1-moved-picks.json", "r2-sweep-ragged.json", "r3-moved-picks.json")] + [
     # session 26: the picks and the split tail (2-6 pieces) at the 20 bar points m >= 1024, and at
     # m = 1536, 3072 (28672x8192) beside the data-parallel configs
-    RESULTS / "gemm-variants-2026-11-30-s26" / f for f in ("c1-tails.json", "c6-1536-3072.json")]
+    RESULTS / "gemm-variants-2026-11-30-s26" / f for f in ("c1-tails.json", "c6-1536-3072.json")] + [
+    # session 27: banded stream-K beside the picks at the 20 bar points m >= 1024 (c2), and the
+    # heuristic's band picks beside the data-parallel 128x256 and 128x192 pairs (c4)
+    RESULTS / "gemm-variants-2026-11-30-s27" / f for f in ("c2-bands-1.json", "c2-bands-2.json", "c4-picks-1.json", "c4-picks-2.json")]
 
 
 def _canon(tag: str) -> str:
@@ -45,8 +48,9 @@ def load(paths) -> dict[tuple[int, int, int], dict[str, float]]:
     for p in paths:
         d = json.loads(Path(p).read_text())
         pairs = [(r["m"], r["n"], r["k"], r["config"], r["ms"]) for r in d.get("sweep", [])]
-        if any(str(r.get("impl", "")).startswith("rawflux<t") for r in d.get("rows", [])):
-            # a bar run with --tails (session 26): every rawflux row of a point, timed in the same run
+        if any(str(r.get("impl", "")).startswith(("rawflux<", "rawflux{")) for r in d.get("rows", [])):
+            # a bar run with --tails, --bands or --configs (sessions 26-27): every rawflux row of a
+            # point, timed in the same run
             run = {}
             for r in d["rows"]:
                 if str(r.get("impl", "")).startswith("rawflux") and r.get("config") and r["impl"] != "rawflux-tuned":

@@ -82,38 +82,47 @@ class GemmConfig:
     # With stream_k: 0, stream-K's equal runs; >= 2, the split tail instead: the tiles of the partial
     # last wave cut into `tail` pieces at the same k offsets (sk_plan).
     tail: int = 0
+    # With stream_k: >= 2, banded stream-K instead: stacks of `band` consecutive tiles of the raster
+    # order (a tile column of a group: they share B) cut into runs that `band` clusters take side by
+    # side, at the same k blocks (sk_plan).
+    band: int = 0
 
     def tag(self) -> str:
-        ks = (f"t{self.tail}" if self.tail else "sk") if self.stream_k else f"k{self.splits}"
+        sk = f"t{self.tail}" if self.tail else (f"b{self.band}" if self.band else "sk")
+        ks = sk if self.stream_k else f"k{self.splits}"
         return f"{self.tile.tag()}/{ks}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
 
     def to_json(self) -> dict:
         return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas,
-                "stream_k": self.stream_k, "tail": self.tail}
+                "stream_k": self.stream_k, "tail": self.tail, "band": self.band}
 
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
         return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)),
-                          bool(d.get("stream_k", False)), int(d.get("tail", 0)))
+                          bool(d.get("stream_k", False)), int(d.get("tail", 0)), int(d.get("band", 0)))
 
 
 def parse_tag(tag: str) -> GemmConfig:
     """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0', or
-    '.../sk/...' for stream-K, '.../t3/...' for the split tail); the tile must be one rawflux compiles."""
+    '.../sk/...' for stream-K, '.../t3/...' for the split tail, '.../b4/...' for banded stream-K); the
+    tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk)|t(\d+))/g(\d+)([mn])/p(\d+)",
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk)|t(\d+)|b(\d+))/g(\d+)([mn])/p(\d+)",
                       tag.strip())
     if mt is None:
         raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0', '.../sk/g8m/p0' "
-                         f"or '.../t3/g8m/p0')")
-    bm, bn, st, cm, cn, ck, w, k, sk, tl, g, r, p = mt.groups()
+                         f"'.../t3/g8m/p0' or '.../b4/g8m/p0')")
+    bm, bn, st, cm, cn, ck, w, k, sk, tl, bd, g, r, p = mt.groups()
     if tl is not None and int(tl) < 2:
         raise ValueError(f"gemm config tag {tag!r}: a split tail cuts each tile in at least 2 pieces")
+    if bd is not None and int(bd) < 2:
+        raise ValueError(f"gemm config tag {tag!r}: a band of banded stream-K is at least 2 clusters")
     tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w), int(ck or 1))
     if tile not in TILES and tile not in KSPLIT_TILES:
         raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in (*TILES, *KSPLIT_TILES))})")
-    return GemmConfig(tile, 1 if (sk or tl) else int(k), int(g), r == "n", int(p), bool(sk or tl), int(tl or 0))
+    return GemmConfig(tile, 1 if (sk or tl or bd) else int(k), int(g), r == "n", int(p), bool(sk or tl or bd), int(tl or 0),
+                      int(bd or 0))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -295,6 +304,7 @@ class SkPlan:
     pieces: int  # pieces in all tiles cut more than once (each writes an fp32 partial)
     k_blocks: int
     tail: int = 0  # split tail (GemmParams::tail_splits): pieces per stream-K tile at fixed k offsets; 0: equal runs
+    band: int = 0  # banded stream-K (GemmParams::tail_splits = -band): clusters per band, tiles per stack
 
     @property
     def iters(self) -> int:
@@ -311,6 +321,55 @@ def sk_pieces(tile: int, k_blocks: int, clusters: int, iters: int) -> tuple[int,
     first = ((tile * k_blocks + 1) * clusters - 1) // iters
     last = ((tile + 1) * k_blocks * clusters - 1) // iters
     return first, last - first + 1
+
+
+def band_shape(sk_tiles: int, k_blocks: int, clusters: int, band: int) -> tuple[int, int, int, int]:
+    """(line, H, L, E) of banded stream-K, the kernel's integer formulas (scheduler.cuh): the line
+    has sk_tiles / band stacks x k blocks, H = G / band full bands cut its first E = ceil(H I / G)
+    iterations, and the L = G - H band clusters left over run [E, line) once per pass of L rows."""
+    iters = sk_tiles * k_blocks
+    line = iters // band
+    h = clusters // band
+    return line, h, clusters - h * band, (h * iters + clusters - 1) // clusters
+
+
+def band_pieces(stack: int, k_blocks: int, clusters: int, sk_tiles: int, band: int) -> tuple[int, int, int]:
+    """(first band, bands, pieces) of stack `stack` in banded stream-K, as the kernel counts them:
+    the bands' pieces in k order, then one from the clusters left over if the stack reaches E."""
+    line, h, _, e = band_shape(sk_tiles, k_blocks, clusters, band)
+    c0 = stack * k_blocks
+    first = ((c0 + 1) * h - 1) // e
+    bands = (min(c0 + k_blocks, e) * h - 1) // e - first + 1 if c0 < e else 0
+    return first, bands, bands + (1 if c0 + k_blocks > e else 0)
+
+
+def band_height(m: int, n: int, cfg: GemmConfig) -> int:
+    """The band that fits cfg's raster order: the height of a group's tile column (raster m: the
+    tiles sharing B's rows) or the width of a group's tile row (raster n: those sharing A's)."""
+    t = cfg.tile
+    across = _cdiv(_cdiv(n, t.bn), t.cluster_n) if cfg.raster_n else _cdiv(_cdiv(m, t.bm), t.cluster_m)
+    return min(max(1, cfg.group), across)
+
+
+def _band_plan(ctiles: int, kb: int, g: int, band: int) -> SkPlan:
+    """Banded stream-K's plan: the data-parallel waves before the last whose tiles end on a stack
+    boundary run whole tiles; the rest is cut in bands. Data-parallel where it cannot run: no
+    partial wave, tiles not a whole number of stacks, a band wider than the grid, leftover clusters
+    that do not divide a stack, or the kernel's u32 bound (G x I < 2^31)."""
+    full, rem = divmod(ctiles, g)
+    fallback = SkPlan(min(g, ctiles), 0, 1, 0, kb)
+    left = g % band
+    if rem == 0 or ctiles % band or band > g or (left and band % left):
+        return fallback
+    waves = max((w for w in range(max(0, full - 1) + 1) if w * g % band == 0), default=0)
+    sk = ctiles - waves * g
+    if g * sk * kb >= 1 << 31:
+        return fallback
+    line, _, left, e = band_shape(sk, kb, g, band)
+    if left and e >= line:  # the leftover clusters would have nothing to run
+        return fallback
+    cuts = [band_pieces(s, kb, g, sk, band)[2] for s in range(sk // band)]
+    return SkPlan(g, sk, max(cuts), band * sum(c for c in cuts if c > 1), kb, band=band)
 
 
 def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
@@ -338,6 +397,8 @@ def sk_plan(m: int, n: int, k: int, cfg: GemmConfig, sms: int) -> SkPlan:
         if rem == 0 or full == 0 or s < 2:  # no partial wave, no data-parallel one (split-K's case), or one piece
             return SkPlan(min(g, ctiles), 0, 1, 0, kb)
         return SkPlan(g, rem, s, rem * s, kb, tail=s)
+    if cfg.band:
+        return _band_plan(ctiles, kb, g, cfg.band)
     sk = 0 if rem == 0 else (ctiles if full == 0 else g + rem)
     if sk:
         g = min(g, sk * kb)  # every cluster owns >= 1 iteration (only when the tiles are fewer than G)
@@ -443,7 +504,7 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
         sp = sk_plan(m, n, k, cfg, dev.sms)
         if sp.sk_tiles:
             return _estimate_sk_us(m, n, k, cfg, dev, out_bytes, sp)
-        cfg = replace(cfg, stream_k=False, splits=1, tail=0)
+        cfg = replace(cfg, stream_k=False, splits=1, tail=0, band=0)
     kb, per, splits = split_plan(k, cfg.splits)
     tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
     ctiles = _cdiv(tm, t.cluster_m) * _cdiv(tn, t.cluster_n)
@@ -491,6 +552,12 @@ def _estimate_sk_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, ou
     g = sp.clusters
     dp_waves = (ctiles - sp.sk_tiles) // g
     nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n + 2.0 * 4 * sp.pieces * t.cluster_size * t.bm * t.bn
+    if sp.band:
+        # Banded stream-K: after the data-parallel waves every cluster runs ceil(I / G) k blocks
+        # in about three units, writes one partial and reads one back; BAND_FIX_S besides.
+        t_dp = dp_waves * (sp.k_blocks * t_kb + 2e-6)
+        t_band = _cdiv(sp.iters, g) * t_kb + 3 * 2e-6 + BAND_FIX_S
+        return max(t_dp + t_band, nbytes / dev.dram_bytes_per_s) * 1e6
     if sp.tail:
         # Split tail: rounds of whole-grid pieces; a cluster writes one partial per round, and a
         # tile's last piece reads all `tail` partials back; TAIL_ROUND_S per round besides.
@@ -523,6 +590,32 @@ TAIL_ROUND_S = 20e-6
 TAIL_MIN_WAVES = 8
 
 
+# Banded stream-K (session 27, H200; benchmarks/results/gemm-variants-2026-11-30-s27): against the
+# data-parallel pick of the same tile it cost 13-19 us per launch more than the k blocks it saves
+# (the fix-up: every cluster writes one fp32 partial and reads one back, and runs a third unit) at
+# 16 of the 20 bar points, 25-58 us at four with long k and no data-parallel wave. It won from 6
+# waves on (+0.8 to +2.4 % at 1024x28672x8192 and the m = 4096-8192 points) and lost below 6 at
+# every point but one (2048x8192x28672, +1.2 %): the heuristic cuts bands from BAND_MIN_WAVES on.
+# Without the fix-up's traffic (RAWFLUX_PROBE 65536 | 131072) bands still ran 0.5-7 % slower than
+# the data-parallel grid at m = 1024-2048 where they should save 3 % (not understood yet). Only the
+# 128x256 pair is offered bands: with 128x192 they lost 1.5-2 % at 2048x12288x6144 and
+# 4096x6144x12288 against the 128x256 pair's data-parallel grid.
+BAND_FIX_S = 16e-6
+BAND_MIN_WAVES = 6
+BAND_TILES = (_tile(128, 256, cluster_m=2),)
+
+
+def band_config(m: int, n: int, k: int, t: TileConfig, dev: DeviceInfo) -> GemmConfig | None:
+    """Banded stream-K on tile t as the heuristic would run it (its raster: along the longer side;
+    the band: that raster's group column), or None where its plan cannot cut tiles."""
+    raster_n = _cdiv(m, t.bm) > _cdiv(n, t.bn)
+    cfg = GemmConfig(t, 1, 8, raster_n, stream_k=True)
+    cfg = replace(cfg, band=band_height(m, n, cfg))
+    if t not in BAND_TILES or cfg.band < 2 or not sk_plan(m, n, k, cfg, dev.sms).band:
+        return None
+    return cfg
+
+
 def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
     out = []
     for t in tiles_for(b_layout):
@@ -544,6 +637,9 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
                 if sp.tail == s and _cdiv(sp.pieces, sp.clusters) < s:
                     for raster_n in (False, True):
                         out.append(GemmConfig(t, 1, 8, raster_n, stream_k=True, tail=s))
+            bc = band_config(m, n, k, t, dev)
+            if bc is not None:
+                out.append(bc)
     for t in KSPLIT_TILES:
         # Not for m <= bm / 2: at m = 64 the 128-row pair ran at 0.75 of cuBLAS where 64x128 k2 ran at 0.89
         # (session 10; the model does not see the empty rows' tensor time).
@@ -563,14 +659,17 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
     with TAIL_ROUND_S."""
     best, best_t = None, math.inf
     for cfg in candidates(m, n, k, b_layout, dev):
-        if cfg.raster_n or (cfg.stream_k and not cfg.tail):
+        if (cfg.raster_n and not cfg.band) or (cfg.stream_k and not cfg.tail and not cfg.band):
             continue
-        if cfg.tail and cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size) < TAIL_MIN_WAVES:
+        waves = cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size)
+        if (cfg.tail and waves < TAIL_MIN_WAVES) or (cfg.band and waves < BAND_MIN_WAVES):
             continue
         t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
         if t < best_t - 1e-9:
             best, best_t = cfg, t
     assert best is not None
+    if best.band:  # band_config chose its raster, and the band follows it
+        return best
     # Walk along the longer dimension inside a group: a wave then spans few tile-rows of the
     # shorter one, so both operands' slices of the wave fit in L2.
     tm, tn = _cdiv(m, best.tile.bm), _cdiv(n, best.tile.bn)
@@ -639,14 +738,14 @@ def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out
     its time."""
     ranked = sorted(candidates(m, n, k, b_layout, dev), key=lambda c: estimate_us(m, n, k, c, dev, out_bytes))
     seen, trials = set(), []
-    for c in ranked:  # split tails compete here; stream-K's runs get their own two places below
-        if c in seen or (c.stream_k and not c.tail):
+    for c in ranked:  # split tails and bands compete here; stream-K's runs get their own two places below
+        if c in seen or (c.stream_k and not c.tail and not c.band):
             continue
         seen.add(c)
         trials.append(c)
         if len(trials) >= top:
             break
-    for c in [c for c in ranked if c.stream_k and not c.tail][:2]:
+    for c in [c for c in ranked if c.stream_k and not c.tail and not c.band][:2]:
         seen.add(c)
         trials.append(c)
     h = heuristic(m, n, k, b_layout, dev, out_bytes)

@@ -351,7 +351,7 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
         if sms < 1:
             raise ValueError(f"config {cfg.tag()}: a stream-K plan needs the device's SM count (sms=)")
         sp = tune.sk_plan(m, n, k, cfg, sms)
-        kb, per, splits, sk_tiles, tail = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles, sp.tail
+        kb, per, splits, sk_tiles, tail = sp.k_blocks, sp.k_blocks, sp.max_pieces, sp.sk_tiles, sp.tail or -sp.band
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
@@ -413,6 +413,11 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         raise ValueError(f"config {cfg.tag()}: a split tail is a stream-K mode (stream_k=True) of at least 2 pieces")
     if cfg.tail and _dyn_order(t):
         raise ValueError(f"config {cfg.tag()}: the RAWFLUX_DYN_SCHED build has no split tail")
+    if cfg.band and (not cfg.stream_k or cfg.band < 2 or cfg.tail):
+        raise ValueError(f"config {cfg.tag()}: banded stream-K is a stream-K mode (stream_k=True, no tail) with bands of at "
+                         f"least 2 clusters")
+    if cfg.band and _dyn_order(t):
+        raise ValueError(f"config {cfg.tag()}: the RAWFLUX_DYN_SCHED build has no banded stream-K")
     if cfg.stream_k and (cfg.splits != 1 or not t.stream_k_ok):
         raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
                          f"consumer warpgroup (tile {t.tag()} has {t.wn})")
@@ -434,7 +439,8 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         sp = tune.sk_plan(m, n, k, cfg, info.sms)
         splits, slots = sp.max_pieces, sp.sk_tiles * t.cluster_size  # stream-K: per CTA tile of the stream-K tiles
     if splits > 1:
-        ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, slots * t.consumers)
+        # two counts per (slot, consumer warpgroup): arrived and stored (splitk_fixup)
+        ws, ctr = _workspace(device_id, stream, slots * splits * t.bm * t.bn * 4, 2 * slots * t.consumers)
     elif sched == PLAIN_SCHED and not cfg.stream_k and _dyn_order(t):
         # RAWFLUX_DYN_SCHED (development): the ticket counter and the done count, zero between launches
         _, ctr = _workspace(device_id, stream, 0, 2)

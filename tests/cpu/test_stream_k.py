@@ -46,6 +46,36 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
                 kb0 = split * kb_per_split
                 kb1 = min(k_blocks, kb0 + kb_per_split)
                 unit += G
+            elif sk_tiles > 0 and tail < 0:  # banded stream-K: b-cluster bands side by side on stacks of b tiles
+                b, iters = -tail, sk_tiles * k_blocks
+                assert G * iters < 1 << 31  # the kernel's u32 arithmetic
+                line, H = iters // b, G // b
+                E = (H * iters + G - 1) // G
+                pos = 0 if unit >= 0 else -1 - unit
+                if cid < H * b:
+                    h, j = divmod(cid, b)
+                    x, end = h * E // H + pos, (h + 1) * E // H
+                else:
+                    L = G - H * b
+                    if E >= line:
+                        break
+                    pas = pos // (line - E)
+                    if pas >= b // L:
+                        break
+                    j, x, end = cid - H * b + pas * L, E + pos - pas * (line - E), line
+                if x >= end:
+                    break
+                c = x // k_blocks
+                kb0 = x - c * k_blocks
+                kb1 = min(k_blocks, kb0 + end - x)
+                c0 = c * k_blocks
+                first = ((c0 + 1) * H - 1) // E
+                bands = (min(c0 + k_blocks, E) * H - 1) // E - first + 1 if c0 < E else 0
+                split = h - first if cid < H * b else bands
+                nsplit = bands + (1 if c0 + k_blocks > E else 0)
+                cu = dp_tiles + c * b + j
+                unit = -1 - (pos + kb1 - kb0)
+                sk_piece = True
             elif sk_tiles > 0 and tail > 0:  # split tail: piece j of tail tile t is unit dp_tiles + j * sk_tiles + t
                 v = unit - dp_tiles
                 if v >= sk_tiles * tail:
@@ -118,9 +148,9 @@ def check_cover(m, n, k, cfg, sms):
     return p
 
 
-def _random_covers(seed, max_m, max_n8, tails):
-    """check_cover on 300 random problems, grids and stream-K configs (tail drawn from `tails`);
-    returns how many of them cut a tile."""
+def _random_covers(seed, max_m, max_n8, tails, mode="tail"):
+    """check_cover on 300 random problems, grids and stream-K configs (`mode`, tail or band, drawn
+    from `tails`); returns how many of them cut a tile."""
     rng = random.Random(seed)
     cut = 0
     for _ in range(300):
@@ -128,7 +158,7 @@ def _random_covers(seed, max_m, max_n8, tails):
         sms = rng.choice([132, 114, 78, 16, 7, 2])
         m, n, k = rng.randint(1, max_m), 8 * rng.randint(1, max_n8), 8 * rng.randint(1, 2000)
         cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
-                              stream_k=True, tail=rng.choice(tails))
+                              stream_k=True, **{mode: rng.choice(tails)})
         if t.cluster_size > min(cfg.ctas or sms, sms):
             continue
         p = check_cover(m, n, k, cfg, sms)
@@ -264,3 +294,103 @@ def test_split_tail_tags_and_params():
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20)
     tails = {c.tail for c in tune.candidates(4096, 12288, 6144, "nk", dev) if c.tail and c.tile == t}
     assert 3 in tails and 2 not in tails
+
+
+def test_band_covers_every_iteration_once():
+    assert _random_covers(4, 6000, 1200, [2, 3, 4, 6, 8], mode="band") > 40  # others: no whole stacks, or no partial wave
+
+
+def _pair():
+    return next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
+
+
+def test_band_members_run_side_by_side():
+    """Banded stream-K at 4096x8192x8192 (512 pair tiles, 66 clusters, bands of 8): the 8
+    members of a band run the same k blocks of one tile column at each step; every cluster runs
+    the same number of k blocks within the leftover's rounding; and a tile's piece 0 is always its
+    cluster's last unit, so it usually arrives last and sums with its own partial in registers
+    (splitk_fixup's cheap path)."""
+    t = _pair()
+    m, n, k = 4096, 8192, 8192
+    cfg = tune.GemmConfig(t, stream_k=True, band=8)
+    sp = tune.sk_plan(m, n, k, cfg, 132)
+    # 4 data-parallel waves (264 = 33 columns of 8), then 248 tiles (31 stacks) in 8 bands + 2 left
+    assert (sp.clusters, sp.sk_tiles, sp.band, sp.max_pieces, sp.k_blocks) == (66, 248, 8, 2, 128)
+    line, h, left, e = tune.band_shape(sp.sk_tiles, sp.k_blocks, sp.clusters, sp.band)
+    assert (line, h, left) == (31 * 128, 8, 2) and e == -(-8 * 248 * 128 // 66)
+    pieces, p = walk(m, n, k, cfg, 132)
+    assert p[15] == -8 and p[12] == 248
+    units = {}
+    for cid, tm, tn, kb0, kb1, split, nsplit, slot in pieces:
+        if tm % 2 == 0:  # one CTA of each pair
+            units.setdefault(cid, []).append((tm, tn, kb0, kb1, split, nsplit))
+    work = {cid: sum(u[3] - u[2] for u in us) for cid, us in units.items()}
+    assert max(work.values()) - min(work.values()) <= 4 and min(work.values()) >= 4 * 128
+    for band in range(8):
+        members = [units[band * 8 + j][4:] for j in range(8)]  # after 4 data-parallel tiles each
+        assert all(len(u) == len(members[0]) for u in members)
+        for step in zip(*members):
+            assert len({(u[1], u[2], u[3]) for u in step}) == 1  # one tile column, the same k blocks
+            assert sorted(u[0] // 2 for u in step) == list(range(step[0][0] // 16 * 8, step[0][0] // 16 * 8 + 8))
+    for cid, us in units.items():
+        for i, u in enumerate(us):
+            if u[5] > 1 and u[4] == 0:
+                assert i == len(us) - 1, f"cluster {cid}: piece 0 of a cut tile is not its last unit"
+
+
+def test_band_plan_limits():
+    t = _pair()
+    cfg = tune.GemmConfig(t, stream_k=True, band=4)
+    # m = 1024: one partial wave only (128 tiles): every tile is in the line; 2 clusters left over.
+    sp = tune.sk_plan(1024, 8192, 8192, cfg, 132)
+    assert (sp.sk_tiles, sp.band) == (128, 4)
+    # Whole waves only, tiles not a whole number of stacks, a band wider than the grid, leftover
+    # clusters that do not divide a stack: data-parallel.
+    assert tune.sk_plan(256 * 66, 256, 4096, cfg, 132).sk_tiles == 0
+    assert tune.sk_plan(768, 7936, 8192, cfg, 132).sk_tiles == 0  # 3 x 31 tiles
+    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, ctas=6), 132).sk_tiles == 0  # G = 3 < 4
+    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, band=8, ctas=22), 132).sk_tiles == 0  # 11 = 8 + 3; 3 does not divide 8
+    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, band=8, ctas=20), 132).sk_tiles == 128 - 80  # 10 = 8 + 2 (4 passes); 8 whole waves
+    with pytest.raises(ValueError, match="at least 2"):
+        tune.parse_tag(cfg.tag().replace("/b4/", "/b1/"))
+
+
+def test_band_tags_params_and_refusals():
+    t = _pair()
+    cfg = tune.GemmConfig(t, stream_k=True, band=8)
+    assert "/b8/" in cfg.tag() and tune.parse_tag(cfg.tag()) == cfg
+    assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
+    sp = tune.sk_plan(4096, 8192, 8192, cfg, 132)
+    p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 4096, 8192, 8192, sms=132, timeout_ns=5))
+    assert p[12] == sp.sk_tiles == 248 and p[15] == -8 and p[6] == sp.max_pieces == 2 and p[7] == p[5] == 128
+    assert g.grid_size(cfg, 4096, 8192, 8192, 132) == 132
+    common = (4096, 8192, 8192, DType.BF16, "nk", DType.BF16, 0, 0, "gemm.cu")
+    for bad in (replace(cfg, stream_k=False), replace(cfg, tail=3), replace(cfg, band=1)):
+        with pytest.raises(ValueError, match="banded stream-K"):
+            g._plan(bad, *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+
+
+def test_heuristic_cuts_bands_from_six_waves_on_the_pair():
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20)
+    picks = {(m, n, k): tune.heuristic(m, n, k, "nk", dev) for m in (1024, 2048, 4096, 8192)
+             for n, k in ((6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672))}
+    for (m, n, k), c in picks.items():
+        waves = tune.cluster_tiles(m, n, c.tile) // 66
+        assert not c.band or (c.tile in tune.BAND_TILES and waves >= tune.BAND_MIN_WAVES), c.tag()
+        if c.band:
+            assert c.band == tune.band_height(m, n, c) and tune.sk_plan(m, n, k, c, 132).band == c.band
+    assert picks[(4096, 8192, 8192)].band == 8 and picks[(8192, 8192, 8192)].band == 8
+    assert not picks[(1024, 8192, 8192)].band and not picks[(2048, 8192, 8192)].band
+    # The model: bands save the partial wave's k blocks and pay BAND_FIX_S.
+    dp, bc = tune.GemmConfig(_pair()), tune.band_config(4096, 8192, 8192, _pair(), dev)
+    assert tune.estimate_us(4096, 8192, 8192, bc, dev) < tune.estimate_us(4096, 8192, 8192, dp, dev)
+    assert tune.band_config(4096, 8192, 8192, next(t for t in SK_TILES if t not in tune.BAND_TILES), dev) is None
+
+
+def test_fused_ops_never_band():
+    from rawflux.ops import gemm_rs as rs
+
+    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
+    plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
+                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), stream_k=True, band=8))
+    assert not plan.cfg.stream_k and not plan.cfg.band

@@ -32,7 +32,8 @@ def main(only: str = "") -> int:
         if t.cluster_k == 1 and t.stream_k_ok and t.bn in (128, 256) and t.bm == 128:  # a cluster tile and a plain one: the sanitizer is slow
             cfgs += [tune.GemmConfig(t, splits=3), tune.GemmConfig(t, stream_k=True),
                      tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True),
-                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True, tail=3)]  # a split tail after whole waves
+                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True, tail=3),  # a split tail after whole waves
+                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True, band=2)]  # bands of 2 and a leftover cluster
         for cfg in cfgs:
             out = cupy.full((m, n), cupy.nan, dtype=cupy.float16)
             g.gemm(a, w, out=out, config=cfg)

@@ -170,9 +170,10 @@ STREAM_K_CASES = [
 ]
 
 
-def _cut_tiles_every_tile(rf, cases, seed, f32_case, require_cut):
-    """Every tile that compiles stream-K, nk and kn, on each case (m, n, k, grids, tail): the first
-    grid whose plan cuts a tile (stream-K runs with tail 0, else the split tail of `tail` pieces);
+def _cut_tiles_every_tile(rf, cases, seed, f32_case, require_cut, mode="tail"):
+    """Every tile that compiles stream-K, nk and kn, on each case (m, n, k, grids, v): the first
+    grid whose plan cuts a tile (mode "tail": stream-K runs with v = 0, else the split tail of v
+    pieces; mode "band": banded stream-K with bands of v clusters);
     against float64 (bias 16-bit in the first two cases, f32 after; f32 output in case `f32_case`),
     then bitwise repeatable (pieces summed in k order, counters left at zero)."""
     from rawflux import tune
@@ -184,8 +185,8 @@ def _cut_tiles_every_tile(rf, cases, seed, f32_case, require_cut):
         for layout in ("nk", "kn"):
             if not t.supports(layout):
                 continue
-            for i, (m, n, k, grids, tail) in enumerate(cases):
-                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, tail=tail) for c in grids]
+            for i, (m, n, k, grids, v) in enumerate(cases):
+                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, **{mode: v}) for c in grids]
                 cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
                 if cfg is None:
                     assert not require_cut, f"{t.tag()} {(m, n, k, grids)}: no grid cuts a tile (a test that checks nothing)"
@@ -230,6 +231,30 @@ def test_split_tail_every_tile(rf):
     t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
     for m, n, k, grids, pieces in SPLIT_TAIL_CASES:
         assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, ctas=c, stream_k=True, tail=pieces), sms).sk_tiles for c in grids)
+
+
+BAND_CASES = [
+    # (m, n, k, ctas, band): grids whose clusters leave none over, or 1-2 over (they run the line's
+    # end in passes); runs of one k block (k = 200), ragged m, n and k, the whole grid, few tiles.
+    (1000, 2056, 1000, (10, 14, 22), 2),
+    (520, 1800, 4104, (12, 18, 42), 3),
+    (300, 968, 200, (6, 10, 14), 2),
+    (2048, 3072, 640, (0,), 4),
+    (256, 1024, 4096, (0, 40), 2),  # fewer tiles than clusters: a tile cut into up to ~30 pieces
+]
+
+
+def test_band_stream_k_every_tile(rf):
+    """Banded stream-K (GemmConfig.band) on every tile that compiles stream-K: stacks of tiles cut
+    into runs that a band of clusters takes side by side, the leftover clusters in passes; against
+    float64 (bias, f32 output), and bitwise repeatable."""
+    from rawflux import tune
+
+    _cut_tiles_every_tile(rf, BAND_CASES, 31, 2, False, mode="band")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
+    for m, n, k, grids, band in BAND_CASES:
+        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, ctas=c, stream_k=True, band=band), sms).sk_tiles for c in grids)
 
 
 def test_few_ctas_and_rotation(rf):

@@ -126,6 +126,8 @@ constexpr int kLoopAddr = RAWFLUX_LOOP_ADDR;
 //      barrier, which the consumers arrive on (8192).
 // 16384 / 32768 (with 64): no ring, but per k block the producer polls a barrier nothing arrives on
 //      for 1000 cycles, 100 ns apart (16384) or back to back (32768).
+// 65536 / 131072: the stream-K fix-up's partial stores (65536) or, in banded stream-K, the summing
+//      piece's reads (131072) are skipped (the counts and waits still run).
 constexpr int kProbe = RAWFLUX_PROBE;
 static_assert((kProbe & 128) == 0 || (kProbe & 256) != 0, "RAWFLUX_PROBE 128 needs 256");
 static_assert((kProbe & (1024 | 2048 | 4096 | 8192)) == 0 || (kProbe & (512 | 256 | 2)) == (512 | 256 | 2), "RAWFLUX_PROBE 1024 / 2048 / 4096 / 8192 need 512, 256 and 2");

@@ -28,6 +28,7 @@
 #include "rawflux/gemm/scheduler.cuh"
 #include "rawflux/gemm/trace.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
+#include "rawflux/ptx/sync.cuh"
 #include "rawflux/ptx/tma.cuh"
 #include "rawflux/ptx/wgmma.cuh"
 
@@ -51,6 +52,12 @@ RAWFLUX_DEVICE u32 atom_add_acq_rel_gpu(u32* p, u32 v) {
   return old;
 }
 
+RAWFLUX_DEVICE u32 atom_add_relaxed_gpu(u32* p, u32 v) {
+  u32 old;
+  asm volatile("atom.add.relaxed.gpu.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 RAWFLUX_DEVICE void st_cg_v4f(float* p, float a, float b, float c, float d) {
   asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
@@ -71,42 +78,83 @@ constexpr int fixup_chunk(int vec, int most) {
   return c;
 }
 
-// Split-K / stream-K fix-up for one consumer warpgroup's fragment. Every piece of a tile (w.split
-// of w.splits, in k order) stores its fp32 partial to the workspace, then counts itself in; the
-// last to arrive sums all partials in piece order (its own re-read, so its registers are free
-// meanwhile), resets the counter and returns true: it alone runs the epilogue.
+// Split-K / stream-K fix-up for one consumer warpgroup's fragment. Each piece of a tile (w.split
+// of w.splits, in k order) first counts itself in (`arrived`). Every piece but the last to arrive
+// stores its fp32 partial to the workspace and counts it stored (`stored`). The last arrival waits
+// until the others' partials are stored (they have arrived, so they are running and only have
+// their stores left: no wait on a CTA that may not be resident yet), sums all pieces in piece
+// order, resets both counts and returns true: it alone runs the epilogue. If it is piece 0 (banded
+// stream-K's usual case) its own partial stays in registers and the others are added in place;
+// otherwise it stores its own too and sums all from the workspace (in place, a later piece's
+// accumulators would be needed beside the running sum: ptxas spilled ~1.2 KB). Either way the sum
+// is ((0 + p0) + p1) + ..., so the bits do not depend on which piece arrived last.
 // Workspace: per (slot, consumer) and piece (p.splits deep), kRegs/4 float4 per thread,
-// thread-interleaved (coalesced 16-byte accesses).
+// thread-interleaved (coalesced 16-byte accesses). Counters: two u32 per (slot, consumer).
 template <class Cfg, int kChunkMax>
 RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs], const WorkTile& w, u32 consumer, u32 tid) {
   constexpr int kVec = Cfg::kAccRegs / 4;
   constexpr int kChunk = fixup_chunk(kVec, kChunkMax);
   float* ws = reinterpret_cast<float*>(p.workspace);
-  u32* counters = reinterpret_cast<u32*>(p.counters);
   const i64 slot = (i64)w.slot * Cfg::kConsumers + consumer;
+  u32* arrived = reinterpret_cast<u32*>(p.counters) + 2 * slot;  // pieces counted in
+  u32* stored = arrived + 1;                                      // pieces whose partial is stored
   const i64 part_floats = (i64)kVec * 128 * 4;
   const float* part = ws + slot * p.splits * part_floats + tid * 4;  // piece 0 of this slot, this thread's first float4
   float* mine = ws + (slot * p.splits + w.split) * part_floats + tid * 4;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    ptx::st_cg_v4f(mine + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-  }
-  ptx::fence_acq_rel_gpu();  // release: this thread's partial stores before the arrival count below
   const u32 bar = kWarpgroupBarrierBase + consumer;
-  ptx::named_barrier_sync(bar, 128);
   bool last = false;
   if (tid == 0) {
-    // acq_rel: publishes the warpgroup's partial (ordered by the fences + barrier above) and, for
-    // the last arrival, acquires every other piece's partial.
-    const u32 old = ptx::atom_add_acq_rel_gpu(counters + slot, 1u);
-    last = old == (u32)(w.splits - 1);
-    if (last) counters[slot] = 0;  // all pieces of this slot have arrived: ready for the next launch
+    // relaxed: the arrival count orders no data; the partials are ordered by `stored` below
+    last = ptx::atom_add_relaxed_gpu(arrived, 1u) == (u32)(w.splits - 1);
   }
   last = ptx::named_barrier_or(bar, 128, last);
-  if (!last) return false;
-  ptx::fence_acq_rel_gpu();  // acquire: the other pieces' partials (seen complete by thread 0) before the reads below
-  // Sum every piece's partial in piece order: the result does not depend on which piece arrived
-  // last. Chunk by chunk, a piece's kChunk float4 loads issued together.
+  if (!last || w.split != 0) {
+#pragma unroll
+    for (int i = 0; i < kVec && !(kProbe & 65536); ++i) {
+      ptx::st_cg_v4f(mine + i * 512, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    }
+  }
+  if (!last) {
+    ptx::fence_acq_rel_gpu();  // release: this thread's partial stores before the stored count below
+    ptx::named_barrier_sync(bar, 128);
+    if (tid == 0) ptx::atom_add_acq_rel_gpu(stored, 1u);  // publishes the warpgroup's partial (fences + barrier above)
+    return false;
+  }
+  if (tid == 0) {
+    u64 start = 0;
+    for (u32 polls = 0; ld_acquire_gpu_u32(stored) < (u32)(w.splits - 1); ++polls) {  // acquire: the others' partials
+      if ((polls & 1023) == 1023) {
+        const u64 now = ptx::globaltimer_ns();
+        if (start == 0) {
+          start = now;
+        } else if ((i64)(now - start) > p.timeout_ns) {
+          asm volatile("trap;");  // rawflux gemm: a split-K / stream-K piece counted in but never stored its partial
+        }
+      }
+    }
+    *arrived = 0;  // every piece of this slot has arrived and stored: ready for the next launch
+    *stored = 0;
+  }
+  ptx::named_barrier_sync(bar, 128);
+  ptx::fence_acq_rel_gpu();  // acquire: the partials thread 0 saw stored, before this thread's reads
+  // Chunk by chunk, a piece's kChunk float4 loads issued together.
+  if (w.split == 0) {
+#pragma unroll
+    for (int i0 = 0; i0 < kVec; i0 += kChunk) {
+#pragma unroll
+      for (int j = 0; j < 4 * kChunk; ++j) acc[4 * i0 + j] = 0.f + acc[4 * i0 + j];  // 0 + p0, as below (-0 -> +0)
+      const float* src = part + i0 * 512 + part_floats;
+#pragma unroll 1
+      for (i32 s = 1; s < w.splits && !(kProbe & 131072); ++s, src += part_floats) {
+        float v[4 * kChunk];
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) ptx::ld_cg_v4f(src + j * 512, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+#pragma unroll
+        for (int j = 0; j < 4 * kChunk; ++j) acc[4 * i0 + j] += v[j];
+      }
+    }
+    return true;
+  }
 #pragma unroll
   for (int i0 = 0; i0 < kVec; i0 += kChunk) {
     float t[4 * kChunk];
@@ -114,7 +162,7 @@ RAWFLUX_DEVICE bool splitk_fixup(const GemmParams& p, float (&acc)[Cfg::kAccRegs
     for (int j = 0; j < 4 * kChunk; ++j) t[j] = 0.f;
     const float* src = part + i0 * 512;
 #pragma unroll 1
-    for (i32 s = 0; s < w.splits; ++s, src += part_floats) {
+    for (i32 s = 0; s < w.splits && !(kProbe & 131072); ++s, src += part_floats) {
       float v[4 * kChunk];
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) ptx::ld_cg_v4f(src + j * 512, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);

@@ -27,6 +27,15 @@
 // pieces are summed by splitk_fixup in piece order (bits repeat from call to call).
 // Measured on the H200 (session 26): 0.6-1.7 % faster than the data-parallel picks at m >= 4096 on
 // the large shapes; at m <= 2048 a partial wave of 0.8-0.95 of the grid leaves no round to save.
+// Banded stream-K (StreamKSched, p.tail_splits = -b < 0): stream-K's equal runs, but over a line of
+// stacks (b consecutive tiles of the order: a group's tile column, which shares B's rows, or its
+// tile row under raster_n) that b clusters (a band) run side by side, each on its own row of the
+// stack, so the clusters sharing an operand load the same k block together as in a data-parallel
+// wave; stream-K's runs do not. Clusters left over by G = H b + L run the line's end once per pass
+// of L rows. Piece 0 of a cut tile is always its cluster's last unit, so it is usually the last
+// to arrive and sums with its own partial in registers (splitk_fixup). Measured on the H200
+// (session 27): 0.8-2.4 % faster than
+// the data-parallel grid from 6 waves on; slower at m = 1024-2048 with no data-parallel wave.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
@@ -101,6 +110,52 @@ struct TileSchedT {
           w.kb_begin = split * per;
           w.kb_end = min(p.k_blocks, w.kb_begin + per);
           unit += stride();
+        } else if (!kDynamic && p.tail_splits < 0) {
+          // Banded stream-K: stacks of b = -tail_splits consecutive tiles (a raster column: they
+          // share B's rows) form a line of stacks x k blocks. b clusters make a band; the H = G / b
+          // bands cut the line's first E iterations in equal runs, band h [h E / H, (h + 1) E / H),
+          // member j taking row j of each stack, so a column's clusters load the same k block at
+          // the same time. The L = G - H b clusters left over (L divides b; the host checks) run
+          // the line's end [E, line) once per pass of L rows; E = ceil(H I / G) evens the two out.
+          // A tile's pieces are the bands' in k order, then the leftover's.
+          const u32 G = (u32)stride();
+          const u32 b = (u32)(-p.tail_splits);
+          const u32 K = (u32)p.k_blocks;
+          const u32 iters = (u32)sk_tiles * K;  // I: tile iterations; the line has I / b
+          const u32 line = iters / b;
+          const u32 H = G / b;
+          const u32 E = (H * iters + G - 1) / G;  // the bands' end of the line
+          const u32 g = Cfg::kClusterSize > 1 ? ptx::cluster_id_x() : (u32)blockIdx.x;
+          const u32 pos = unit >= 0 ? 0u : (u32)(-1 - unit);  // iterations this cluster has run
+          u32 x, end, j, h = 0;
+          if (g < H * b) {
+            h = g / b;
+            j = g - h * b;
+            x = h * E / H + pos;
+            end = (h + 1) * E / H;
+          } else {
+            const u32 L = G - H * b;
+            if (E >= line) return false;
+            const u32 pass = pos / (line - E);
+            if (pass >= b / L) return false;
+            j = g - H * b + pass * L;
+            x = E + (pos - pass * (line - E));
+            end = line;
+          }
+          if (x >= end) return false;
+          const u32 c = x / K;
+          const u32 kb0 = x - c * K;
+          const u32 kb1 = min(K, kb0 + (end - x));
+          const u32 c0 = c * K;
+          // Band owning line iteration y < E: the largest h with h E / H <= y, ((y + 1) H - 1) / E.
+          const u32 first = ((c0 + 1) * H - 1) / E;
+          const u32 bands = c0 < E ? (min(c0 + K, E) * H - 1) / E - first + 1 : 0u;
+          w.split = (i32)(g < H * b ? h - first : bands);
+          w.splits = (i32)(bands + (c0 + K > E ? 1u : 0u));
+          w.kb_begin = (i32)kb0;
+          w.kb_end = (i32)kb1;
+          cu = dp_tiles + (i32)(c * b + j);
+          unit = -1 - (i32)(pos + kb1 - kb0);
         } else {
           const u32 G = (u32)stride();
           const u32 K = (u32)p.k_blocks;
