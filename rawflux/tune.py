@@ -658,15 +658,21 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
     tail (k-aligned pieces of the partial wave's tiles) is the heuristic's to pick, by the model
     with TAIL_ROUND_S."""
     best, best_t = None, math.inf
-    for cfg in candidates(m, n, k, b_layout, dev):
-        if (cfg.raster_n and not cfg.band) or (cfg.stream_k and not cfg.tail and not cfg.band):
-            continue
-        waves = cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size)
-        if (cfg.tail and waves < TAIL_MIN_WAVES) or (cfg.band and waves < BAND_MIN_WAVES):
-            continue
-        t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
-        if t < best_t - 1e-9:
-            best, best_t = cfg, t
+    cands = candidates(m, n, k, b_layout, dev)
+    # Bands compete only where the pick is not a split tail: off the bar grid (1536x28672x8192, session
+    # 27) a band measured 4 % slower than the split tail there; on it they tied (4096-8192 x 28672).
+    for bands in (False, True):
+        if bands and best is not None and best.tail:
+            break
+        for cfg in cands:
+            if bool(cfg.band) != bands or (cfg.raster_n and not cfg.band) or (cfg.stream_k and not cfg.tail and not cfg.band):
+                continue
+            waves = cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size)
+            if (cfg.tail and waves < TAIL_MIN_WAVES) or (cfg.band and waves < BAND_MIN_WAVES):
+                continue
+            t = estimate_us(m, n, k, cfg, dev, out_bytes) * (1.0 + 0.01 * (cfg.splits - 1))
+            if t < best_t - 1e-9:
+                best, best_t = cfg, t
     assert best is not None
     if best.band:  # band_config chose its raster, and the band follows it
         return best
