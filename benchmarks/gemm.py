@@ -122,6 +122,8 @@ def main(argv=None) -> int:
                     "no stream-K); rows 'rawflux<tN>'")
     ap.add_argument("--bands", action="store_true", help="also time the pick as banded stream-K (band = its raster group's "
                     "column height; the 128x256 pair where the pick has no stream-K) where that cuts tiles")
+    ap.add_argument("--narrow", action="store_true", help="also time the 128x256 pair with narrow columns (tune.narrow_config) "
+                    "where a plan beats its data-parallel grid; rows 'rawflux<narrow>'")
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile-host", action="store_true", help="cProfile 2000 small rawflux.gemm calls")
@@ -257,6 +259,10 @@ def main(argv=None) -> int:
                     bc = replace(base, splits=1, stream_k=True, tail=0, band=tune.band_height(m, n, base))
                     if bc.band >= 2 and tune.sk_plan(m, n, k, bc, info.sms).band:
                         extra.append(("<band>", bc))
+                if args.narrow:
+                    nc = tune.narrow_config(m, n, tune.NARROW_TILES[0], info)
+                    if nc is not None and dt in ("bf16", "f16"):
+                        extra.append(("<narrow>", nc))
                 skipped = []
                 for label, c in list(extra):  # a config this point cannot run (the host says why, before any launch)
                     try:

@@ -35,7 +35,9 @@ DEFAULT_DATA = [
     # session 27: banded stream-K beside the picks at the 20 bar points m >= 1024 (c2), and the
     # heuristic's band picks beside the data-parallel 128x256 and 128x192 pairs (c4)
     RESULTS / "gemm-variants-2026-11-30-s27" / f for f in ("c2-bands-1.json", "c2-bands-2.json", "c4-picks-1.json", "c4-picks-2.json",
-                                                                 "c6-offgrid.json")]
+                                                                 "c6-offgrid.json")] + [
+    # session 28: narrow columns beside the picks and the data-parallel pair at the 20 bar points m >= 1024
+    RESULTS / "gemm-variants-2026-11-30-s28" / f for f in ("c4-narrow-1.json", "c4-narrow-2.json")]
 
 
 def _canon(tag: str) -> str:

@@ -86,34 +86,38 @@ class GemmConfig:
     # order (a tile column of a group: they share B) cut into runs that `band` clusters take side by
     # side, at the same k blocks (sk_plan).
     band: int = 0
+    # >= 1 (without splits or stream_k): narrow columns, data-parallel: the tile columns of the
+    # last wave's tiles `narrow` wide instead of bn, and more columns, so that the busiest cluster's
+    # work comes closer to the mean (narrow_plan).
+    narrow: int = 0
 
     def tag(self) -> str:
         sk = f"t{self.tail}" if self.tail else (f"b{self.band}" if self.band else "sk")
-        ks = sk if self.stream_k else f"k{self.splits}"
+        ks = sk if self.stream_k else (f"n{self.narrow}" if self.narrow else f"k{self.splits}")
         return f"{self.tile.tag()}/{ks}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
 
     def to_json(self) -> dict:
         return {"tile": asdict(self.tile), "splits": self.splits, "group": self.group, "raster_n": self.raster_n, "ctas": self.ctas,
-                "stream_k": self.stream_k, "tail": self.tail, "band": self.band}
+                "stream_k": self.stream_k, "tail": self.tail, "band": self.band, "narrow": self.narrow}
 
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
         return GemmConfig(TileConfig(**d["tile"]), int(d["splits"]), int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)),
-                          bool(d.get("stream_k", False)), int(d.get("tail", 0)), int(d.get("band", 0)))
+                          bool(d.get("stream_k", False)), int(d.get("tail", 0)), int(d.get("band", 0)), int(d.get("narrow", 0)))
 
 
 def parse_tag(tag: str) -> GemmConfig:
     """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0', or
-    '.../sk/...' for stream-K, '.../t3/...' for the split tail, '.../b4/...' for banded stream-K); the
-    tile must be one rawflux compiles."""
+    '.../sk/...' for stream-K, '.../t3/...' for the split tail, '.../b4/...' for banded stream-K,
+    '.../n240/...' for narrow columns); the tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk)|t(\d+)|b(\d+))/g(\d+)([mn])/p(\d+)",
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/(?:k(\d+)|(sk)|t(\d+)|b(\d+)|n(\d+))/g(\d+)([mn])/p(\d+)",
                       tag.strip())
     if mt is None:
         raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0', '.../sk/g8m/p0' "
-                         f"'.../t3/g8m/p0' or '.../b4/g8m/p0')")
-    bm, bn, st, cm, cn, ck, w, k, sk, tl, bd, g, r, p = mt.groups()
+                         f"'.../t3/g8m/p0', '.../b4/g8m/p0' or '.../n240/g8m/p0')")
+    bm, bn, st, cm, cn, ck, w, k, sk, tl, bd, nw, g, r, p = mt.groups()
     if tl is not None and int(tl) < 2:
         raise ValueError(f"gemm config tag {tag!r}: a split tail cuts each tile in at least 2 pieces")
     if bd is not None and int(bd) < 2:
@@ -121,8 +125,10 @@ def parse_tag(tag: str) -> GemmConfig:
     tile = TileConfig(int(bm), int(bn), int(st), int(cm or 1), int(cn or 1), int(w), int(ck or 1))
     if tile not in TILES and tile not in KSPLIT_TILES:
         raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in (*TILES, *KSPLIT_TILES))})")
-    return GemmConfig(tile, 1 if (sk or tl or bd) else int(k), int(g), r == "n", int(p), bool(sk or tl or bd), int(tl or 0),
-                      int(bd or 0))
+    if nw is not None and int(nw) not in NARROW_WIDTHS:
+        raise ValueError(f"gemm config tag {tag!r}: narrow columns are {', '.join(map(str, NARROW_WIDTHS))} wide")
+    return GemmConfig(tile, 1 if (sk or tl or bd or nw) else int(k), int(g), r == "n", int(p), bool(sk or tl or bd), int(tl or 0),
+                      int(bd or 0), int(nw or 0))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -505,6 +511,11 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
         if sp.sk_tiles:
             return _estimate_sk_us(m, n, k, cfg, dev, out_bytes, sp)
         cfg = replace(cfg, stream_k=False, splits=1, tail=0, band=0)
+    if cfg.narrow:  # the data-parallel grid's time, scaled by the busiest cluster's columns
+        base = replace(cfg, narrow=0)
+        plan = narrow_plan(m, n, cfg, dev.sms)
+        t_dp = estimate_us(m, n, k, base, dev, out_bytes)
+        return t_dp if plan is None else t_dp * (plan.load / plan.dp_load + NARROW_COST)
     kb, per, splits = split_plan(k, cfg.splits)
     tm, tn = _cdiv(m, t.bm), _cdiv(n, t.bn)
     ctiles = _cdiv(tm, t.cluster_m) * _cdiv(tn, t.cluster_n)
@@ -616,6 +627,93 @@ def band_config(m: int, n: int, k: int, t: TileConfig, dev: DeviceInfo) -> GemmC
     return cfg
 
 
+# Narrow columns (scheduler.cuh, NarrowSched<w>): data-parallel on the 128x256 pair, nk, 16-bit C. Every
+# bar shape has 128 j pair tiles, which 66 clusters run in waves whose last is 0.82-0.94 full, so the
+# busiest cluster runs W tiles where the mean is 0.97 W (the same for cuBLAS). More, narrower
+# columns for the last wave's tiles bring the busiest cluster's columns down to within a width step
+# of the mean. The widths compiled: the wgmma N steps past 192 (TmaStore's last box is then cut,
+# TmaStore::store_narrow), but 248, which measured 1.2 % slower than the data-parallel pair at
+# 1024x8192x8192 where it should save 1.6 % (session 28).
+# Measured (session 28, two runs): 0.3-1.3 % faster than the data-parallel pair at 1024x12288x6144,
+# 2048 x {12288x6144, 8192x8192}, and 2-4 % at 2048x8192x28672: about the busiest cluster's saving
+# less NARROW_COST. Not against bands or split tails, which measured as fast or faster from 6 waves
+# on (NARROW_MAX_WAVES): the heuristic offers narrow columns below that only.
+NARROW_TILES = (_tile(128, 256, cluster_m=2),)
+NARROW_WIDTHS = (208, 216, 224, 232, 240)
+NARROW_COST = 0.008
+NARROW_MAX_WAVES = 6
+NARROW_MIN_ROWS = 4  # pair rows: measured at 4-8 (m = 1024-2048); at m = 256 the 128x224 pair, measured, stays
+
+
+@dataclass(frozen=True)
+class NarrowPlan:
+    """Narrow columns: `columns` tile columns, those from `narrow_from` on `width` wide, the others
+    the tile's bn; the busiest cluster's columns (summed over its tiles), and the data-parallel
+    grid's."""
+
+    columns: int
+    narrow_from: int
+    width: int
+    load: int
+    dp_load: int
+
+
+def raster(cu: int, ctm: int, ctn: int, group: int, raster_n: bool) -> tuple[int, int]:
+    """TileSchedT's grouped order (scheduler.cuh): cluster tile cu -> (cluster row, cluster column)."""
+    rows, cols = (ctn, ctm) if raster_n else (ctm, ctn)
+    per_group = group * cols
+    g = cu // per_group
+    first = g * group
+    gsize = min(rows - first, group)
+    r = cu - g * per_group
+    major, minor = first + r % gsize, r // gsize
+    return (minor, major) if raster_n else (major, minor)
+
+
+def narrow_plan(m: int, n: int, cfg: GemmConfig, sms: int) -> NarrowPlan | None:
+    """The narrow-column plan with the least-loaded busiest cluster, or None where none beats the
+    data-parallel grid. Cluster c runs units c, c + G, ... (TileSchedT), each its column's width;
+    the columns of the last wave's units (and every later column) are narrow, the wave count stays
+    the data-parallel grid's, and every column starts before n. The narrow width is cfg.narrow, or
+    with cfg.narrow = 0 the least compiled one that covers n."""
+    t = cfg.tile
+    if t not in NARROW_TILES or cfg.splits != 1 or cfg.stream_k:
+        return None
+    widths = (cfg.narrow,) if cfg.narrow else NARROW_WIDTHS
+    g = max(1, min(cfg.ctas or sms, sms) // t.cluster_size)
+    rows, cols0 = _cdiv(_cdiv(m, t.bm), t.cluster_m), _cdiv(n, t.bn)
+    waves = _cdiv(rows * cols0, g)
+    if waves < 2 or rows * cols0 % g == 0:
+        return None
+    group = max(1, cfg.group)
+    dp_load = waves * t.bn
+    best = None
+    for cols in range(cols0 + 1, waves * g // rows + 1):
+        units = rows * cols
+        first = min(raster(u, rows, cols, group, cfg.raster_n)[1] for u in range((waves - 1) * g, units))
+        wide = first * t.bn
+        if wide >= n:
+            continue
+        need = _cdiv(n - wide, cols - first)
+        width = min((x for x in widths if x >= need), default=0)
+        if not width or wide + (cols - first - 1) * width >= n:  # too wide for the columns, or one starts past n
+            continue
+        load = [0] * g
+        for u in range(units):
+            load[u % g] += t.bn if raster(u, rows, cols, group, cfg.raster_n)[1] < first else width
+        if max(load) < dp_load and (best is None or max(load) < best.load):
+            best = NarrowPlan(cols, first, width, max(load), dp_load)
+    return best
+
+
+def narrow_config(m: int, n: int, t: TileConfig, dev: DeviceInfo) -> GemmConfig | None:
+    """Narrow columns on tile t as the heuristic would run them (its raster: along the longer side),
+    with the plan's width, or None where no plan beats the data-parallel grid."""
+    cfg = GemmConfig(t, 1, 8, _cdiv(m, t.bm) > _cdiv(n, t.bn))
+    plan = narrow_plan(m, n, cfg, dev.sms)
+    return None if plan is None else replace(cfg, narrow=plan.width)
+
+
 def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
     out = []
     for t in tiles_for(b_layout):
@@ -640,6 +738,11 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
             bc = band_config(m, n, k, t, dev)
             if bc is not None:
                 out.append(bc)
+        if (t in NARROW_TILES and b_layout == "nk" and tm >= NARROW_MIN_ROWS * t.cluster_m
+                and tiles < NARROW_MAX_WAVES * max(1, dev.sms // t.cluster_size) * t.cluster_size):
+            nc = narrow_config(m, n, t, dev)
+            if nc is not None:
+                out.append(nc)
     for t in KSPLIT_TILES:
         # Not for m <= bm / 2: at m = 64 the 128-row pair ran at 0.75 of cuBLAS where 64x128 k2 ran at 0.89
         # (session 10; the model does not see the empty rows' tensor time).
@@ -665,7 +768,7 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
         if bands and best is not None and best.tail:
             break
         for cfg in cands:
-            if bool(cfg.band) != bands or (cfg.raster_n and not cfg.band) or (cfg.stream_k and not cfg.tail and not cfg.band):
+            if bool(cfg.band) != bands or (cfg.raster_n and not cfg.band and not cfg.narrow) or (cfg.stream_k and not cfg.tail and not cfg.band):
                 continue
             waves = cluster_tiles(m, n, cfg.tile) // max(1, dev.sms // cfg.tile.cluster_size)
             if (cfg.tail and waves < TAIL_MIN_WAVES) or (cfg.band and waves < BAND_MIN_WAVES):
@@ -674,7 +777,7 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
             if t < best_t - 1e-9:
                 best, best_t = cfg, t
     assert best is not None
-    if best.band:  # band_config chose its raster, and the band follows it
+    if best.band or best.narrow:  # band_config / narrow_config chose the raster their plan is for
         return best
     # Walk along the longer dimension inside a group: a wave then spans few tile-rows of the
     # shorter one, so both operands' slices of the wave fit in L2.

@@ -360,7 +360,7 @@ class AGGemm(CollectiveOp):
             ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
             # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
             tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
-            cfg = replace(base, tile=tile, splits=1, stream_k=False, tail=0, band=0, ctas=ctas)
+            cfg = replace(base, tile=tile, splits=1, stream_k=False, tail=0, band=0, narrow=0, ctas=ctas)
             self._cfgs[m] = cfg
         return cfg
 
@@ -403,7 +403,7 @@ class AGGemm(CollectiveOp):
             cfg = self.config(m)
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
-            cfg = replace(config, splits=1, stream_k=False, tail=0, band=0, ctas=ctas)
+            cfg = replace(config, splits=1, stream_k=False, tail=0, band=0, narrow=0, ctas=ctas)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
             self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)

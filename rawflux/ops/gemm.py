@@ -30,7 +30,7 @@ _LAYOUT_CODE = {"nk": 0, "kn": 1}
 _TMAP_CODE = {DType.BF16: 9, DType.F16: 6}  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_DATA_TYPE_FLOAT16
 
 # struct GemmParams (cuda_src/rawflux/gemm/config.cuh), same field order.
-GEMM_PARAMS = struct.Struct("<16i2Qq")
+GEMM_PARAMS = struct.Struct("<18i2Qq")
 # struct LocalStore::Params (policies.cuh): c, bias, ldc, bias_kind, pad.
 _LOCAL_STORE = struct.Struct("<QQqii")
 _TMA_STORE_TAIL = struct.Struct("<QqQii")  # after the 128-byte map: c, ldc, bias, bias_kind, pad
@@ -42,6 +42,11 @@ BIAS_NONE, BIAS_IN16, BIAS_F32 = 0, 1, 2
 # fused ops' cannot (they pass splits = 1 and keep their epilogue hooks per whole tile).
 PLAIN_SCHED = "rawflux::StreamKSched"
 FUSED_SCHED = "rawflux::TileSched"
+
+
+def narrow_sched(width: int) -> str:
+    """The plain GEMM's scheduler with narrow columns of `width` (GemmConfig.narrow)."""
+    return f"rawflux::NarrowSched<{width}>"
 
 
 def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str, *, sched: str = FUSED_SCHED,
@@ -83,6 +88,10 @@ def plain_epilogue(out_dtype: DType) -> str:
 
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue)
 register_variants(sched=PLAIN_SCHED, epilogue=plain_epilogue, tiles=tune.KSPLIT_TILES)  # k-split clusters: plain GEMM only
+for _w in tune.NARROW_WIDTHS:  # narrow columns: the plain GEMM's 128x256 pair, B (n, k), 16-bit C
+    for _dt in (DType.BF16, DType.F16):
+        register_variants(sched=narrow_sched(_w), epilogue="rawflux::TmaStore", tiles=tune.NARROW_TILES, dtypes=(_dt,),
+                          layouts=("nk",), out_dtypes=(_dt,))
 
 # TmaStore stages C in 64-row x 64-column boxes of 16-bit values (8 KB), as many per consumer
 # warpgroup as the shared memory the stage ring leaves holds, up to a fragment's (mirrors TmaStore::bufs
@@ -346,7 +355,16 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     kb, per, splits = tune.split_plan(k, cfg.splits)
     if t.cluster_k > 1:  # the k halves of a k-split cluster: split where split-K k2 splits
         _, per, _ = tune.split_plan(k, t.cluster_k)
-    sk_tiles = tail = 0
+    sk_tiles = tail = narrow_from = 0
+    tiles_n = -(-n // t.bn)
+    if cfg.narrow:
+        if sms < 1:
+            raise ValueError(f"config {cfg.tag()}: a narrow-column plan needs the device's SM count (sms=)")
+        npl = tune.narrow_plan(m, n, cfg, sms)
+        if npl is None:
+            raise ValueError(f"config {cfg.tag()}: no narrow-column plan of width {cfg.narrow} for m = {m}, n = {n} beats the "
+                             f"data-parallel grid")
+        tiles_n, narrow_from = npl.columns, npl.narrow_from
     if cfg.stream_k:
         if sms < 1:
             raise ValueError(f"config {cfg.tag()}: a stream-K plan needs the device's SM count (sms=)")
@@ -355,8 +373,9 @@ def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, seg_count: int = 1, 
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
-        m, n, k, -(-m // t.bm), -(-n // t.bn), kb, splits, per, max(1, cfg.group), int(cfg.raster_n),
-        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), tail, workspace, counters, timeout_ns,
+        m, n, k, -(-m // t.bm), tiles_n, kb, splits, per, max(1, cfg.group), int(cfg.raster_n),
+        max(1, seg_count), seg_start, sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), tail, narrow_from, 0, workspace, counters,
+        timeout_ns,
     )
 
 
@@ -375,6 +394,10 @@ def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
         return tune.sk_plan(m, n, k, cfg, sms).clusters * t.cluster_size
     _, _, splits = tune.split_plan(k, cfg.splits)
     ctiles = tune.cluster_tiles(m, n, t)
+    if cfg.narrow:
+        npl = tune.narrow_plan(m, n, cfg, sms)
+        if npl is not None:
+            ctiles = -(-(-(-m // t.bm)) // t.cluster_m) * npl.columns
     ctas = min(cfg.ctas or sms, sms)
     clusters = max(1, min(ctas // t.cluster_size, ctiles * splits))
     return clusters * t.cluster_size
@@ -418,6 +441,11 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
                          f"least 2 clusters")
     if cfg.band and _dyn_order(t):
         raise ValueError(f"config {cfg.tag()}: the RAWFLUX_DYN_SCHED build has no banded stream-K")
+    if cfg.narrow and (sched != PLAIN_SCHED or cfg.stream_k or cfg.splits != 1 or t not in tune.NARROW_TILES or b_layout != "nk"
+                       or out_dtype == DType.F32 or epilogue != "rawflux::TmaStore" or _dyn_order(t)):
+        raise ValueError(f"config {cfg.tag()}: narrow columns are for the plain GEMM on "
+                         f"{', '.join(x.tag() for x in tune.NARROW_TILES)}, data-parallel (splits = 1, no stream-K), "
+                         f"B as (n, k) and a 16-bit output")
     if cfg.stream_k and (cfg.splits != 1 or not t.stream_k_ok):
         raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
                          f"consumer warpgroup (tile {t.tag()} has {t.wn})")
@@ -445,7 +473,8 @@ def _plan(cfg: GemmConfig, m, n, k, dtype, b_layout, out_dtype, stream, device_i
         # RAWFLUX_DYN_SCHED (development): the ticket counter and the done count, zero between launches
         _, ctr = _workspace(device_id, stream, 0, 2)
     params = gemm_params(cfg, m, n, k, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr, sms=info.sms)
-    name = kernel_name(t, dtype, out_dtype, b_layout, sched=sched, prologue=prologue, epilogue=epilogue)
+    name = kernel_name(t, dtype, out_dtype, b_layout, sched=narrow_sched(cfg.narrow) if cfg.narrow else sched, prologue=prologue,
+                       epilogue=epilogue)
     kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
     box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
     smem = launch_smem_bytes(t, epilogue, out_dtype)

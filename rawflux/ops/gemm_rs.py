@@ -213,7 +213,7 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
     m_loc = m // world
     part_code, part_bytes, _ = PARTIALS[partials]
     cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, tile_ctas or gemm_ctas, part_bytes)
-    cfg = replace(cfg, splits=1, stream_k=False, tail=0, band=0, raster_n=False, ctas=gemm_ctas)
+    cfg = replace(cfg, splits=1, stream_k=False, tail=0, band=0, narrow=0, raster_n=False, ctas=gemm_ctas)
     t = cfg.tile
     tiles_n = _cdiv(n, t.bn)
     if _cdiv(m, t.bm) * tiles_n > tiles_cap:

@@ -550,7 +550,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
     p = A.G.GEMM_PARAMS.unpack(params)
     assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == (world, rank)  # m, splits, seg_count/seg_start
-    assert p[18] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
+    assert p[20] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
     assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
     assert plans[-1][9] == A.KERNEL_FILE and plans[-1][11] == A.PROLOGUE
     sides = op.side_streams

@@ -18,6 +18,7 @@ GEMM_VARIANTS = [v for v in variants() if v.relpath == "gemm.cu"]
 def test_variants_registered():
     # every tile (and the k-split ones) x {bf16, f16} x {16-bit out, f32 out} x layouts it supports
     expect = sum(2 * 2 * sum(t.supports(l) for l in ("nk", "kn")) for t in (*tune.TILES, *tune.KSPLIT_TILES))
+    expect += 2 * len(tune.NARROW_WIDTHS) * len(tune.NARROW_TILES)  # narrow columns: bf16 / f16, nk, 16-bit C
     assert len(GEMM_VARIANTS) == expect
     assert all(v.archs == ("sm_90a",) for v in GEMM_VARIANTS)
 
@@ -42,11 +43,12 @@ def test_smem_fits_and_stages():
 
 
 _GEMM_PARAM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n",
-                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "workspace", "counters", "timeout_ns")
+                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "narrow_from", "pad", "workspace",
+                      "counters", "timeout_ns")
 
 
 def test_params_layout():
-    assert g.GEMM_PARAMS.size == 88  # sizeof(GemmParams) in config.cuh
+    assert g.GEMM_PARAMS.size == 96  # sizeof(GemmParams) in config.cuh
     assert len(g.local_store_params(0x1000, 64)) == 32  # sizeof(LocalStore::Params)
     pytest.importorskip("cuda.bindings.nvrtc")
     sizes = {"i": 4, "Q": 8, "q": 8}

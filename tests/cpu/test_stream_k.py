@@ -28,7 +28,7 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
     t = cfg.tile
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, n, k, sms=sms, timeout_ns=1))
     (pm, pn, pk, tiles_m, tiles_n, k_blocks, splits, kb_per_split, group, raster_n, seg_count, seg_start, sk_tiles,
-     _a_box, _a_tail, tail, _ws, _ctr, _to) = p
+     _a_box, _a_tail, tail, _narrow_from, _pad, _ws, _ctr, _to) = p
     grid = g.grid_size(cfg, m, n, k, sms)
     G = grid // t.cluster_size
     ctm, ctn = _cdiv(tiles_m, t.cluster_m), _cdiv(tiles_n, t.cluster_n)
@@ -204,7 +204,7 @@ def test_params_and_tags():
     assert tune.GemmConfig.from_json({k: v for k, v in tune.GemmConfig(t).to_json().items() if k != "stream_k"}) == tune.GemmConfig(t)
     sp = tune.sk_plan(256, 6144, 12288, cfg, 132)
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 256, 6144, 12288, sms=132, timeout_ns=5))
-    assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[18] == 5
+    assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[20] == 5
     assert g.grid_size(cfg, 256, 6144, 12288, 132) == sp.clusters * 2
     assert g.GEMM_PARAMS.unpack(g.gemm_params(tune.GemmConfig(t, splits=3), 256, 6144, 12288))[12] == 0
 

@@ -8,6 +8,7 @@ tiles whose tag contains c1k2."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import cupy
 
@@ -41,6 +42,21 @@ def main(only: str = "") -> int:
             diff = int(cupy.count_nonzero(out.view(cupy.uint16) != c32.astype(cupy.float16).view(cupy.uint16)))
             print(f"gemm sanitize {cfg.tag()}: {'ok' if diff == 0 else f'{diff} outputs differ'}", flush=True)
             bad += diff != 0
+    # Narrow columns (16-bit C only): against the data-parallel pair on the same inputs, bit for bit.
+    for t in tune.NARROW_TILES:
+        if only not in t.tag():
+            continue
+        m, n, k = 600, 3000, 192
+        a = rs.standard_normal((m, k), dtype=cupy.float32).astype(cupy.float16)
+        w = rs.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
+        base = tune.GemmConfig(t, ctas=10 * t.cluster_size)
+        plan = tune.narrow_plan(m, n, base, cupy.cuda.Device().attributes["MultiProcessorCount"])
+        cfg = replace(base, narrow=plan.width)
+        out = g.gemm(a, w, out=cupy.full((m, n), cupy.nan, dtype=cupy.float16), config=cfg)
+        ref = g.gemm(a, w, config=base)
+        diff = int(cupy.count_nonzero(out.view(cupy.uint16) != ref.view(cupy.uint16)))
+        print(f"gemm sanitize {cfg.tag()}: {'ok' if diff == 0 else f'{diff} outputs differ'}", flush=True)
+        bad += diff != 0
     return 1 if bad else 0
 
 

@@ -244,6 +244,50 @@ BAND_CASES = [
 ]
 
 
+NARROW_CASES = [
+    # (m, n, k, ctas, dtype, bias): narrow-column plans (tune.narrow_plan) of widths 240, 232, 224 and
+    # 208; ragged m, n and k; small grids (fewer clusters, so more waves); raster over two row groups
+    # (m = 4096); 16-bit and f32 bias.
+    (1024, 12288, 256, 0, "bf16", None),
+    (2048, 8192, 192, 0, "f16", "f16"),
+    (2048, 12288, 128, 0, "bf16", "f32"),
+    (1000, 12000, 200, 0, "bf16", None),
+    (600, 3000, 136, 20, "f16", "f16"),
+    (4096, 8192, 64, 0, "bf16", None),
+    (1024, 28672, 64, 0, "f16", None),
+    (777, 3000, 520, 26, "bf16", "f32"),
+]
+
+
+def test_narrow_columns(rf):
+    """Narrow columns (GemmConfig.narrow): the 128x256 pair's last-wave tiles narrower. Against
+    float64 (poisoned output, so every element is written), and bit for bit the data-parallel
+    pair's output on the same inputs (the same k order per element; a narrow tile's last box,
+    moved to end at its width, writes nothing of the next column's)."""
+    from dataclasses import replace
+
+    from rawflux import tune
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    t = tune.NARROW_TILES[0]
+    widths = set()
+    for i, (m, n, k, ctas, dtype, bias) in enumerate(NARROW_CASES):
+        base = tune.GemmConfig(t, 1, 8, -(-m // t.bm) > -(-n // t.bn), ctas=ctas)
+        plan = tune.narrow_plan(m, n, base, sms)
+        assert plan is not None, f"{(m, n, ctas)}: no narrow plan on {sms} SMs (a test that checks nothing)"
+        widths.add(plan.width)
+        cfg = replace(base, narrow=plan.width)
+        check(rf, m, n, k, config=cfg, dtype=dtype, bias=bias)
+        a = _rand((m, k), dtype, 700 + 3 * i)
+        w = _rand((n, k), dtype, 701 + 3 * i)
+        bvec = None if bias is None else _rand((n,), bias, 702 + 3 * i)
+        narrow = rf.gemm(a, w, bias=bvec, out=_poisoned((m, n), dtype), config=cfg)
+        dp = rf.gemm(a, w, bias=bvec, out=_poisoned((m, n), dtype), config=base)
+        same = cupy.all(narrow.view(cupy.uint16) == dp.view(cupy.uint16))
+        assert bool(same), f"{cfg.tag()} {(m, n, k)}: {int(cupy.count_nonzero(narrow.view(cupy.uint16) != dp.view(cupy.uint16)))} elements differ from {base.tag()}"
+    assert len(widths) >= 4, widths
+
+
 def test_band_stream_k_every_tile(rf):
     """Banded stream-K (GemmConfig.band) on every tile that compiles stream-K: stacks of tiles cut
     into runs that a band of clusters takes side by side, the leftover clusters in passes; against

@@ -37,6 +37,9 @@ struct GemmParams {
   i32 tail_splits;       // split tail (StreamKSched only, with sk_tiles > 0): the last sk_tiles cluster tiles are cut
                          // into tail_splits pieces of ceil(k_blocks / tail_splits) k blocks each, at the same k
                          // offsets in every tile, instead of stream-K's equal runs; 0 = stream-K runs.
+  i32 narrow_from;       // narrow columns (NarrowSched<N> only): tile columns from this one on are N wide, those
+                         // before it BN; tiles_n counts both (scheduler.cuh). 0 with every other scheduler.
+  i32 pad;
   u64 workspace;         // split-K / stream-K: fp32 partial tiles (see splitk_fixup in mainloop_sm90.cuh)
   u64 counters;          // split-K / stream-K: one u32 arrival counter per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)

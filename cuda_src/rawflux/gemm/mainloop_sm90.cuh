@@ -490,8 +490,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             }
             continue;
           }
-          load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, w.tile_n * Cfg::kBN, a_slice,
-                                   b_slice, tx);
+          load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, SchedT::col0(p, w.tile_n),
+                                   a_slice, b_slice, tx);
           if (kTrace && kb == w.kb_begin) trace_stamp(kTraceFirstLoad);
           if (++stage == kStages) {
             stage = 0;
@@ -613,8 +613,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // One wgmma: k16 step kk of n chunk c (columns [c * kWgmmaN, (c + 1) * kWgmmaN) of this
     // warpgroup's B slice, accumulator slice c) on the stage at (a_base, b_base). The first k16
     // step of a tile overwrites the accumulators.
-    auto mma = [&](int c, int kk, u32 a_base, u32 b_base, bool first_block) {
-      float(&acc_c)[Cfg::kWgmmaN / 2] = *reinterpret_cast<float(*)[Cfg::kWgmmaN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
+    // narrow: a narrow column's tile (NarrowSched), whose wgmma is m64n{SchedT::kNarrowN} (the first
+    // kNarrowN / 2 accumulators; the rest are never stored).
+    auto mma = [&](int c, int kk, u32 a_base, u32 b_base, bool first_block, auto nt) {
+      constexpr int kN = decltype(nt)::value;
+      float(&acc_c)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[c * (Cfg::kWgmmaN / 2)]);
       u64 da, db;
       if constexpr ((kLoopAddr & 4) != 0) {  // a_base / b_base: the stage's offsets from the ring's start, in 16-byte units
         da = ptx::desc_add(da_ring, a_base + kk * 2);
@@ -638,7 +641,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           db = ptx::smem_desc(b_base + c * (Cfg::kWgmmaN / 64) * Cfg::kChunkBytes + kk * 16 * 128, Cfg::kChunkBytes, 1024);
         }
       }
-      ptx::Wgmma<Cfg::kWgmmaN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc_c, da, db, (!first_block || kk > 0) ? 1u : 0u);
+      ptx::Wgmma<kN, Cfg::kInF16, Cfg::kBLayout == kLayoutKN ? 1 : 0>::mma(acc_c, da, db, (!first_block || kk > 0) ? 1u : 0u);
     };
     constexpr int kSteps = Cfg::kBK / 16;
 
@@ -689,6 +692,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     while (kDyn ? fetch() : sched.next(p, w)) {
       const i32 nkb = w.kb_end - w.kb_begin;
+      // A narrow column's tile (NarrowSched): its wgmma is m64n{kNarrowN}, its C the first kNarrowN columns.
+      const bool narrow = SchedT::kNarrowN > 0 && w.tile_n >= p.narrow_from;
+      static_assert(SchedT::kNarrowN == 0 || (kWait0 && !kDefer && !kDyn && Cfg::kClusterK == 1),
+                    "narrow columns: each wgmma group waited for in its branch; no deferred box, dynamic order or k-split cluster");
       u32 prev_stage = 0;
       // kRefill, lane l < kMcastSize: CTA l's count of the previous block's stage before this
       // warp's add (0 at a unit's start: no refill owed). Read only after the next wgmma commit:
@@ -701,7 +708,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // load it (a 2x1 pair: cta's own tile row, its half of B).
       auto refill = [&](u32 rs, i32 rel, u32 cta) {
         const i32 kb = w.kb_begin + rel;
-        const i32 n0 = w.tile_n * Cfg::kBN;
+        const i32 n0 = SchedT::col0(p, w.tile_n);
         const i32 row = kPairM ? w.tile_m - (i32)cta_rank + (i32)cta : w.tile_m;  // CTA cta's tile row
         auto load = [&](auto mode) {
           constexpr int kAMode = decltype(mode)::value;
@@ -744,41 +751,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const u32 b_base = (kLoopAddr & 4) != 0 ? st * (Cfg::kStageBBytes / 16) : b_base0 + st * Cfg::kStageBBytes;
         if constexpr (kOrdered) wait_turn();
         if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseReady);
-        ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
+        // The block's wgmma group with N = nt (Int<N>), from its fence to its wait. Narrow columns
+        // branch between two N around all of it: where the branches meet no wgmma may be in flight
+        // (ptxas serialized every wgmma of the kernel otherwise: C7515 with the wait after the
+        // branches, C7519 with a branch or a predicate per wgmma; docs/gemm-notes.md, session 28).
+        auto group = [&](auto nt) {
+          ptx::wgmma_fence();  // orders the accumulators' earlier register accesses (epilogue, fix-up) before the wgmma below
 #pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
+          for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
-          for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0);
-        }
-        ptx::wgmma_commit();
-        if constexpr (kRefill) {
-          // this lane completed CTA l's count of the previous block's stage: load the block kStages on
-          if (counted % kReleasers == kReleasers - 1 && i - 1 + kStages < nkb) {
-            ptx::fence_acq_rel_cta();  // acquire: the other warps' adds (after their reads of the stage) before this lane's refill of it
-            refill(st == 0 ? kStages - 1 : st - 1, i - 1 + kStages, lane);
+            for (int c = 0; c < Cfg::kWgmmaChunks; ++c) mma(c, kk, a_base, b_base, i == 0, nt);
           }
-        }
-        if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseIssued);
-        hook();
-        if constexpr (kWait0) {
-          ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
-          if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseDone);
+          ptx::wgmma_commit();
           if constexpr (kRefill) {
-            if (lane < (u32)Cfg::kMcastSize) {  // lane l counts into CTA l's count (lane 0 alone without a cluster)
-              const u32 count = bar_addr0 + 8u * (2 * kStages + 2) + 4u * st;
-              counted = Cfg::kMcastSize > 1 ? ptx::atom_add_relaxed_cluster_shared(ptx::mapa_shared(count, lane), 1u)
-                                            : ptx::atom_add_relaxed_cta_shared(count, 1u);
+            // this lane completed CTA l's count of the previous block's stage: load the block kStages on
+            if (counted % kReleasers == kReleasers - 1 && i - 1 + kStages < nkb) {
+              ptx::fence_acq_rel_cta();  // acquire: the other warps' adds (after their reads of the stage) before this lane's refill of it
+              refill(st == 0 ? kStages - 1 : st - 1, i - 1 + kStages, lane);
             }
-          } else if constexpr ((kProbe & 64) == 0) {
-            release(st);
+          }
+          if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseIssued);
+          hook();
+          if constexpr (kWait0) {
+            ptx::wgmma_wait<0>();  // this stage's wgmma group has finished reading it
+            if constexpr (kTracePhase) trace_phase(consumer, tid, i, kPhaseDone);
+            if constexpr (kRefill) {
+              if (lane < (u32)Cfg::kMcastSize) {  // lane l counts into CTA l's count (lane 0 alone without a cluster)
+                const u32 count = bar_addr0 + 8u * (2 * kStages + 2) + 4u * st;
+                counted = Cfg::kMcastSize > 1 ? ptx::atom_add_relaxed_cluster_shared(ptx::mapa_shared(count, lane), 1u)
+                                              : ptx::atom_add_relaxed_cta_shared(count, 1u);
+              }
+            } else if constexpr ((kProbe & 64) == 0) {
+              release(st);
+            }
+          } else {
+            if constexpr (kOrdered) pass_turn();
+            if (i > 0) {
+              ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
+              release(prev_stage);
+            }
+            prev_stage = st;
+          }
+        };
+        if constexpr (SchedT::kNarrowN > 0) {
+          if (narrow) {
+            group(Int<SchedT::kNarrowN>{});
+          } else {
+            group(Int<Cfg::kWgmmaN>{});
           }
         } else {
-          if constexpr (kOrdered) pass_turn();
-          if (i > 0) {
-            ptx::wgmma_wait<1>();  // the previous stage's wgmma group has finished reading it
-            release(prev_stage);
-          }
-          prev_stage = st;
+          group(Int<Cfg::kWgmmaN>{});
         }
       };
       // One k block on the ring's current stage, then on to the next stage (parity flips at the wrap).
@@ -827,7 +849,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.tile_m = w.tile_m;
       tc.tile_n = w.tile_n;
       tc.row0 = w.tile_m * Cfg::kBM + (i32)wm * 64;
-      tc.col0 = w.tile_n * Cfg::kBN + (i32)wn * Cfg::kWN;
+      tc.col0 = SchedT::col0(p, w.tile_n) + (i32)wn * Cfg::kWN;
       tc.tid = tid;
       tc.consumer = consumer;
       tc.scratch = ptx::smem_u32(smem_a) + kScratchOffset<Cfg>;  // from smem_a: no extra pointer lives across setmaxnreg
@@ -852,6 +874,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pending = do_store;  // stored during the next tile's first k block, or after the loop
         held_row0 = tc.row0;
         held_col0 = tc.col0;
+      } else if constexpr (SchedT::kNarrowN > 0) {
+        if (do_store) {
+          if (narrow) {
+            Epilogue::template store_narrow<Cfg, SchedT::kNarrowN>(epi, p, acc, tc);
+          } else {
+            Epilogue::template store<Cfg>(epi, p, acc, tc);
+          }
+        }
       } else {
         if (do_store) Epilogue::template store<Cfg>(epi, p, acc, tc);
       }

@@ -126,6 +126,27 @@ struct TmaStore {
     }
   }
 
+  // A narrow column's tile (NarrowSched<kN>, scheduler.cuh): columns [0, kN) of the fragment, as
+  // the boxes before the last and, for the last, the 64 columns that end at kN (staged from the
+  // fragment's columns kN - 64 .. kN - 1 and stored there: they overlap the box before with the
+  // same values, and nothing past kN, the next column's, is written).
+  template <class Cfg, int kN>
+  static RAWFLUX_DEVICE void store_narrow(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
+    constexpr int kFull = Cfg::kWN / 64 - 1;  // boxes stored as they are
+    static_assert(bufs<Cfg>() > 0 && Cfg::kWN % 64 == 0 && kN % 8 == 0 && kN > 64 * kFull && kN < Cfg::kWN,
+                  "a narrow tile drops part of the fragment's last box only");
+    add_bias<Cfg>(ep, p, acc, tc);
+    static_for<0, kFull>([&](auto box) {
+      u32 v[kBoxRegs];
+      pack_box<Cfg, decltype(box)::value>(acc, v);
+      store_box<Cfg, decltype(box)::value>(ep, p, v, tc.row0, tc.col0, tc.tid, tc.consumer, tc.scratch);
+    });
+    u32 v[kBoxRegs];
+    pack_cols<Cfg, kN - 64>(acc, v);
+    // store_box puts box kFull at col0 + 64 kFull (and stages it in that box's buffer, keeping the rotation)
+    store_box<Cfg, kFull>(ep, p, v, tc.row0, tc.col0 + (kN - 64) - 64 * kFull, tc.tid, tc.consumer, tc.scratch);
+  }
+
   template <class Cfg>
   static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
 
@@ -160,8 +181,15 @@ struct TmaStore {
   // stmatrix order: register 4 q + j is the pair of n8 block 8 kBox + 2 q + j / 2, rows j % 2.
   template <class Cfg, int kBox>
   static RAWFLUX_DEVICE void pack_box(const float (&acc)[Cfg::kAccRegs], u32 (&v)[kBoxRegs]) {
+    pack_cols<Cfg, 64 * kBox>(acc, v);
+  }
+
+  // The 64 columns of acc from column kCol (a multiple of 8: n8 block kCol / 8 on), packed as pack_box.
+  template <class Cfg, int kCol>
+  static RAWFLUX_DEVICE void pack_cols(const float (&acc)[Cfg::kAccRegs], u32 (&v)[kBoxRegs]) {
+    static_assert(kCol % 8 == 0 && kCol + 64 <= Cfg::kWN, "whole n8 blocks of the fragment");
 #pragma unroll
-    for (int i = 0; i < kBoxRegs; ++i) v[i] = ptx::pack2<Cfg::kOut == kTypeF16>(acc[32 * kBox + 2 * i], acc[32 * kBox + 2 * i + 1]);
+    for (int i = 0; i < kBoxRegs; ++i) v[i] = ptx::pack2<Cfg::kOut == kTypeF16>(acc[kCol / 2 + 2 * i], acc[kCol / 2 + 2 * i + 1]);
   }
 
   // Stages packed box kBox of the fragment at (row0, col0) in buffer kBox % kBufs (stmatrix, the

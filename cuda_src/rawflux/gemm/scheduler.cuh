@@ -49,8 +49,22 @@ struct WorkTile {
   i32 slot;                // fix-up slot: the workspace / counter index of this CTA tile
 };
 
-template <class Cfg, bool kStreamKPolicy>
+template <class Cfg, bool kStreamKPolicy, int kNarrowN_ = 0>
 struct TileSchedT {
+  // Narrow columns (NarrowSched): tile columns narrow_from.. are kNarrowN wide, the others BN.
+  static constexpr int kNarrowN = kNarrowN_;
+  static_assert(kNarrowN == 0 || (Cfg::kClusterN == 1 && Cfg::kWgN == 1 && Cfg::kWgmmaChunks == 1 && kNarrowN % 8 == 0 &&
+                                  kNarrowN > Cfg::kBN - 64 && kNarrowN < Cfg::kBN),
+                "narrow columns: one wgmma per warpgroup row, at most one 64-column box narrower than BN");
+  // First column of tile column tile_n.
+  static RAWFLUX_DEVICE i32 col0(const GemmParams& p, i32 tile_n) {
+    if constexpr (kNarrowN > 0) {
+      return tile_n < p.narrow_from ? tile_n * Cfg::kBN : p.narrow_from * Cfg::kBN + (tile_n - p.narrow_from) * kNarrowN;
+    } else {
+      return tile_n * Cfg::kBN;
+    }
+  }
+
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
   // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K (tune.py).
@@ -237,6 +251,16 @@ struct StreamKSched {
   static constexpr int kFixupChunk = 8;
   template <class Cfg>
   using type = TileSchedT<Cfg, true>;
+};
+// Narrow columns (the plain GEMM, data-parallel): the last columns of tiles, from
+// GemmParams::narrow_from on, are kN wide instead of BN (tiles_n counts them), so that the last wave's
+// tiles are shorter and every cluster's work comes out closer to the mean. The host chooses the
+// columns so that each cluster's last-wave tile is a narrow one (rawflux/tune.py, narrow_plan).
+template <int kN>
+struct NarrowSched {
+  static constexpr int kFixupChunk = 8;
+  template <class Cfg>
+  using type = TileSchedT<Cfg, true, kN>;
 };
 
 }  // namespace rawflux
