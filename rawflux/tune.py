@@ -714,7 +714,7 @@ def narrow_config(m: int, n: int, t: TileConfig, dev: DeviceInfo) -> GemmConfig 
     return None if plan is None else replace(cfg, narrow=plan.width)
 
 
-def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[GemmConfig]:
+def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes: int = 2) -> list[GemmConfig]:
     out = []
     for t in tiles_for(b_layout):
         if t.cluster_size > dev.sms:
@@ -738,7 +738,7 @@ def candidates(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo) -> list[G
             bc = band_config(m, n, k, t, dev)
             if bc is not None:
                 out.append(bc)
-        if (t in NARROW_TILES and b_layout == "nk" and tm >= NARROW_MIN_ROWS * t.cluster_m
+        if (t in NARROW_TILES and b_layout == "nk" and out_bytes == 2 and tm >= NARROW_MIN_ROWS * t.cluster_m
                 and tiles < NARROW_MAX_WAVES * max(1, dev.sms // t.cluster_size) * t.cluster_size):
             nc = narrow_config(m, n, t, dev)
             if nc is not None:
@@ -761,7 +761,7 @@ def heuristic(m: int, n: int, k: int, b_layout: str, dev: DeviceInfo, out_bytes:
     tail (k-aligned pieces of the partial wave's tiles) is the heuristic's to pick, by the model
     with TAIL_ROUND_S."""
     best, best_t = None, math.inf
-    cands = candidates(m, n, k, b_layout, dev)
+    cands = candidates(m, n, k, b_layout, dev, out_bytes)
     # Bands compete only where the pick is not a split tail: off the bar grid (1536x28672x8192, session
     # 27) a band measured 4 % slower than the split tail there; on it they tied (4096-8192 x 28672).
     for bands in (False, True):
@@ -845,7 +845,7 @@ def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out
     supplies it: tune sits below ops), plus the model's two best stream-K candidates (the model
     flatters stream-K, so they never take a place from the others), and returns the fastest with
     its time."""
-    ranked = sorted(candidates(m, n, k, b_layout, dev), key=lambda c: estimate_us(m, n, k, c, dev, out_bytes))
+    ranked = sorted(candidates(m, n, k, b_layout, dev, out_bytes), key=lambda c: estimate_us(m, n, k, c, dev, out_bytes))
     seen, trials = set(), []
     for c in ranked:  # split tails and bands compete here; stream-K's runs get their own two places below
         if c in seen or (c.stream_k and not c.tail and not c.band):

@@ -130,6 +130,8 @@ def test_heuristic_takes_narrow_columns_below_six_waves():
     for (m, n, k), c in picks.items():
         if c.narrow:
             assert check_plan(m, n, c, 132).width == c.narrow
+    # Not for f32 C (narrow tiles store through TmaStore's 16-bit boxes), nor B as (k, n).
+    assert not any(tune.heuristic(m, n, k, "nk", dev, 4).narrow or tune.heuristic(m, n, k, "kn", dev).narrow for (m, n, k) in narrow)
     # The model: the data-parallel time scaled by the busiest cluster's columns, plus NARROW_COST.
     c = picks[(2048, 8192, 8192)]
     t_dp = tune.estimate_us(2048, 8192, 8192, replace(c, narrow=0), dev)
