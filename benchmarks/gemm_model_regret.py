@@ -37,7 +37,7 @@ DEFAULT_DATA = [
     RESULTS / "gemm-variants-2026-11-30-s27" / f for f in ("c2-bands-1.json", "c2-bands-2.json", "c4-picks-1.json", "c4-picks-2.json",
                                                                  "c6-offgrid.json")] + [
     # session 28: narrow columns beside the picks and the data-parallel pair at the 20 bar points m >= 1024
-    RESULTS / "gemm-variants-2026-11-30-s28" / f for f in ("c4-narrow-1.json", "c4-narrow-2.json")]
+    RESULTS / "gemm-variants-2026-11-30-s28" / f for f in ("c4-narrow-1.json", "c4-narrow-2.json", "c6-m1536.json")]
 
 
 def _canon(tag: str) -> str:

@@ -24,7 +24,7 @@ def test_model_regret_on_measured_points():
     # session 13's refit: 1.012 / 1.175 at m <= 512, 1.005 / 1.017 above (the old model: 1.056 / 1.69, 1.0085 / 1.13)
     assert s["small_mean"] <= 1.02 and s["small_max"] <= 1.20, s
     assert s["large_mean"] <= 1.01 and s["large_max"] <= 1.05, s
-    assert s["unmeasured_picks"] <= 7, s
+    assert s["unmeasured_picks"] <= 6, s
     # the bar points of issue 3 (m = 64-512 on the five shapes): the pick within 7 % of the fastest measured
     bar = {(m, n, k) for m in (64, 128, 256, 512) for n, k in ((6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672))}
     worst = max((r, key, pick) for key, pick, r in rows if key in bar and r is not None)
