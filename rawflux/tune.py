@@ -658,8 +658,10 @@ class NarrowPlan:
     dp_load: int
 
 
-def raster(cu: int, ctm: int, ctn: int, group: int, raster_n: bool) -> tuple[int, int]:
-    """TileSchedT's grouped order (scheduler.cuh): cluster tile cu -> (cluster row, cluster column)."""
+def raster(cu: int, ctm: int, ctn: int, group: int, raster_n: bool = False) -> tuple[int, int]:
+    """TileSchedT's grouped order (scheduler.cuh): cluster tile cu of ctm x ctn -> (cluster row,
+    cluster column). `group` tile-rows side by side walked along n, or with raster_n `group`
+    tile-columns walked along m (the kernel's two branches, one with the dimensions swapped)."""
     rows, cols = (ctn, ctm) if raster_n else (ctm, ctn)
     per_group = group * cols
     g = cu // per_group
