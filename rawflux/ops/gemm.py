@@ -394,10 +394,10 @@ def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
         return tune.sk_plan(m, n, k, cfg, sms).clusters * t.cluster_size
     _, _, splits = tune.split_plan(k, cfg.splits)
     ctiles = tune.cluster_tiles(m, n, t)
-    if cfg.narrow:
+    if cfg.narrow:  # the plan's columns, more than n / bn (gemm_params refuses a config without a plan)
         npl = tune.narrow_plan(m, n, cfg, sms)
         if npl is not None:
-            ctiles = -(-(-(-m // t.bm)) // t.cluster_m) * npl.columns
+            ctiles = tune.cluster_tiles(m, 1, t) * npl.columns
     ctas = min(cfg.ctas or sms, sms)
     clusters = max(1, min(ctas // t.cluster_size, ctiles * splits))
     return clusters * t.cluster_size
