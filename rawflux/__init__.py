@@ -7,7 +7,7 @@
     c = rawflux.gemm_rs(a, w_shard, group)                  # this rank's rows of sum_q a_q @ w_q.T
     c = rawflux.baseline.ag_gemm(a_shard, w_shard, group)   # the non-overlapped reference
 
-Layers (imports run one way): this module -> ops -> tune -> dist / runtime -> jit -> cuda_src.
+Layers (imports run one way): this module -> ops -> engine -> tune -> dist / runtime -> jit -> cuda_src.
 See README.md and docs/ARCHITECTURE.md.
 """
 from ._version import __version__

@@ -56,29 +56,6 @@ def cuda_src_override() -> Path | None:
     return Path(raw).expanduser() if raw else None
 
 
-def nvrtc_defines() -> tuple[str, ...]:
-    """RAWFLUX_NVRTC_DEFINES: extra preprocessor defines for every kernel compile, space-separated
-    NAME=VALUE (kernel development: A/B of compile-time switches, e.g. RAWFLUX_ORDERED_ISSUE=0). They
-    are part of the compile cache key."""
-    out = []
-    for item in os.environ.get("RAWFLUX_NVRTC_DEFINES", "").split():
-        name = item.split("=", 1)[0]
-        if not name.isidentifier():
-            raise ValueError(f"RAWFLUX_NVRTC_DEFINES: {item!r} is not NAME or NAME=VALUE")
-        out.append(f"-D{item}")
-    return tuple(out)
-
-
-def nvrtc_define_int(name: str, default: int) -> int:
-    """The integer RAWFLUX_NVRTC_DEFINES sets `name` to, else `default` (host code that mirrors a
-    compile-time switch, e.g. the shared memory an epilogue reserves)."""
-    for opt in nvrtc_defines():  # "-DNAME" or "-DNAME=VALUE", validated there
-        key, _, value = opt[2:].partition("=")
-        if key == name:
-            return int(value or 1)
-    return default
-
-
 def wait_timeout_s() -> float:
     """RAWFLUX_WAIT_TIMEOUT_S: bound on every device-side spin-wait (default 10 s)."""
     raw = os.environ.get("RAWFLUX_WAIT_TIMEOUT_S")

@@ -86,6 +86,26 @@ register("ag_gemm", "rawflux", "fused", _fused("ag_gemm"), gemm_ref="rawflux_gem
 register("gemm_rs", "rawflux", "fused", _fused("gemm_rs"), gemm_ref="rawflux_gemm")
 
 
+def _gemm_rs_16bit_parts(ctx):
+    """rawflux.gemm_rs(partials='bf16' / 'f16'): half the bytes on the links"""
+    import cupy
+
+    import rawflux
+    from ..runtime import DType
+
+    if ctx.dtype not in (DType.BF16, DType.F16):
+        raise Unavailable(f"rawflux.gemm_rs takes bf16 / f16, not {ctx.dtype.tag}")
+    with cupy.cuda.Device(ctx.group.device_id):
+        out = cupy.empty(ctx.problem.out_shape, ctx.dtype.np)
+    sets, group, stream = ctx.sets, ctx.group, ctx.stream
+    part = "bf16" if ctx.dtype == DType.BF16 else "f16"
+    rawflux.gemm_rs(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials=part)
+    return lambda i: rawflux.gemm_rs(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials=part)
+
+
+register("gemm_rs", "rawflux.bf16parts", "fused", _gemm_rs_16bit_parts, gemm_ref="rawflux_gemm")
+
+
 # --------------------------------------------------------------------------------------------
 # the GEMM alone: AG on the gathered A (m, k); RS the partial (m, n) from this rank's k slice
 

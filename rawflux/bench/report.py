@@ -2,7 +2,7 @@
 
 One record per (problem, impl). ``ms`` is the median over iterations of one rank's CUDA-event
 times, then the maximum over ranks. ``tflops`` is per GPU: 2 m n k / W / time.
-Derived, per problem, for "fused" and "nonoverlap" rows (DESIGN.md):
+Derived, per problem, for "fused" and "nonoverlap" rows (docs/ARCHITECTURE.md):
   speedup     = non-overlapped ms / this ms
   exposed_ms  = this ms - GEMM alone ms     (the communication the op failed to hide)
   overlap_eff = 1 - exposed_ms / communication-alone ms

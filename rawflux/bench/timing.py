@@ -1,4 +1,4 @@
-"""The measuring method (DESIGN.md): CUDA events around each timed region, warm-up first, the
+"""The measuring method (docs/ARCHITECTURE.md): CUDA events around each timed region, warm-up first, the
 median of many iterations per rank, then the maximum over ranks.
 
 Each timed iteration is, on the bench stream:

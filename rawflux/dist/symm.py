@@ -11,8 +11,8 @@ opening a handle exported by another process on the same device maps the same me
 An IPC handle describes a whole underlying block, and cudaIpcOpenMemHandle maps it from the
 block's base. cudaMalloc may sub-allocate small buffers from one block (the CUDA programming
 guide says so; a pool does it always), so a peer that took the opened pointer for the buffer
-would read another buffer of that block. (Session 10 saw gemm_rs raise a CallMismatch at world 2
-on one machine, three runs out of three, where a peer's call record read back a value that was
+would read another buffer of that block. (gemm_rs once raised a CallMismatch at world 2 on one
+machine, three runs out of three, where a peer's call record read back a value that was
 no record: what such aliasing would do.) So each rank also sends its buffer's offset from its
 block's base (cuMemGetAddressRange) and peers add it, and the 2 MiB rounding keeps every
 symmetric buffer in blocks of its own, so no block is opened twice and nothing else is exposed.

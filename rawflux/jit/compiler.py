@@ -232,7 +232,7 @@ def compile_cubin(
     extra_options: tuple[str, ...] = (),
 ) -> CompileResult:
     """Compile ``source`` for ``arch`` (e.g. "sm_90a"), or return the cached cubin."""
-    options = tuple(default_options(arch)) + tuple(extra_options) + env.nvrtc_defines()
+    options = tuple(default_options(arch)) + tuple(extra_options)
     name_expressions = tuple(name_expressions)
     key = cache_key(source, name_expressions, options, arch)
     with _memory_lock:

@@ -12,7 +12,7 @@ Two levels:
   ag_gemm(a_shard, b, group=None, ...)   the functional form: a cache of op objects keyed by
       (group, n, k, dtype, layout, direction, copy), grown (collectively) when m exceeds them.
 
-How a call runs (rank r, caller's stream s; DESIGN.md hazards 1-6; ``schedule()`` is the exact
+How a call runs (rank r, caller's stream s; the hazards of docs/ARCHITECTURE.md; ``schedule()`` is the exact
 order, tests/cpu simulate it across ranks):
   push (default): [s] own shard -> own rows of the gathered buffer + call record (one kernel),
       barrier; [s] the GEMM, whose TMA producer waits (bounded, ld.acquire.sys) only for the
@@ -50,19 +50,20 @@ import struct
 import threading
 from dataclasses import dataclass, replace
 
-from .. import env, tune
+from .. import engine, env, tune
 from ..dist.layout import MAX_WORLD, OP_AG_GEMM
 from ..jit import register
 from ..runtime import DType, as_tensor, check_matrix, check_out, prepare_output, resolve_stream, wrap_output
-from . import gemm as G
+from ..tune import GemmConfig
+from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group
 
-__all__ = ["AGGemm", "ag_gemm", "bench_variants", "cached_op", "clear_cache", "schedule", "push_targets", "pull_sources", "arrival_order",
+__all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms"]
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
-SCHED = G.FUSED_SCHED
+SCHED = engine.FUSED_SCHED
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
 LOCAL_THREADS = 256
@@ -80,7 +81,7 @@ AG_COPY_ARGS = struct.Struct("<QQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath
 META_FIELDS_STRUCT = struct.Struct("<14I")  # MetaFields (fused/ag_meta.cuh)
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
-G.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=G.plain_epilogue, dtypes=DTYPES)
+engine.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES)
 register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
 
@@ -296,9 +297,8 @@ class AGGemm(CollectiveOp):
         self.m_local_cap = max_m // world
         self.max_m = self.m_local_cap * world
         self.row_bytes = k * dt.itemsize
-        self.last_config: G.GemmConfig | None = None
-        self._cfgs: dict[int, G.GemmConfig] = {}
-        self._params: dict[tuple, bytes] = {}
+        self.last_config: GemmConfig | None = None
+        self._cfgs: dict[int, GemmConfig] = {}
         self._lock = threading.Lock()
         sides = (int(ce_streams) if copy == "ce" else 1) if world > 1 else 0
         super().__init__(g, side_streams=sides)
@@ -347,7 +347,7 @@ class AGGemm(CollectiveOp):
         return m_local * self.row_bytes
 
     # --- configuration ----------------------------------------------------------------------------
-    def config(self, m: int) -> G.GemmConfig:
+    def config(self, m: int) -> GemmConfig:
         """The GEMM configuration a call with m rows uses (split-K and k-split clusters off; on the
         "sm" path the GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
         rawflux.gemm(..., config=this) on the gathered A computes bitwise the same output."""
@@ -355,18 +355,17 @@ class AGGemm(CollectiveOp):
         if cfg is None:
             if len(self._cfgs) > 4096:
                 self._cfgs.clear()
-                self._params.clear()
-            base = G.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
+            base = engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
             ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
             # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
             tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
-            cfg = replace(base, tile=tile, splits=1, stream_k=False, tail=0, band=0, narrow=0, ctas=ctas)
+            cfg = replace(base, tile=tile, decomp=tune.DP, ctas=ctas)
             self._cfgs[m] = cfg
         return cfg
 
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,
-                 config: G.GemmConfig | None = None):
+                 config: GemmConfig | None = None):
         s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
         dev, world, dt = self.device_id, self.world, self.dtype
         ta = check_matrix(as_tensor(a_shard, "a_shard", stream=s), "a_shard", dtypes=(dt,), device=dev, shape=(None, self.k),
@@ -382,12 +381,12 @@ class AGGemm(CollectiveOp):
             )
         bshape = (self.n, self.k) if self.b_layout == "nk" else (self.k, self.n)
         tb = check_matrix(as_tensor(b, "b", stream=s), "b", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
-        tbias, bias_ptr, bias_kind = G.bias_args(bias, self.n, dt, dev, s, like="a_shard")
+        tbias, bias_ptr, bias_kind = engine.bias_args(bias, self.n, dt, dev, s, like="a_shard")
         inputs = {"a_shard": ta, "b": tb} | ({"bias": tbias} if tbias is not None else {})
         tg = None
         if gathered_out is not None:
             tg = check_out(gathered_out, "gathered_out", shape=(m, self.k), dtype=dt, device=dev, inputs=inputs, stream=s)
-        if config is not None and not isinstance(config, G.GemmConfig):
+        if config is not None and not isinstance(config, GemmConfig):
             raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
         if config is not None and config.tile not in tune.TILES:
             raise ValueError(f"config tile {config.tile.tag()} is not one ag_gemm compiles (tiles: "
@@ -422,7 +421,7 @@ class AGGemm(CollectiveOp):
 
     def _call_local(self, ta, tb, bias, out, tg, gathered_out, return_gathered, s, config):
         """World 1: no communication. The gathered A is a_shard itself."""
-        res = G.gemm(ta, tb, b_layout=self.b_layout,
+        res = gemm(ta, tb, b_layout=self.b_layout,
                      bias=bias, out=out, out_dtype=self.out_dtype, stream=s, config=config)
         if tg is not None:
             import cupy
@@ -437,7 +436,7 @@ class AGGemm(CollectiveOp):
             return res
         return res, (gathered_out if gathered_out is not None else ta.obj)
 
-    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: G.GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
+    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
         from cupy.cuda import runtime
 
         rank, world = self.rank, self.world
@@ -486,49 +485,34 @@ class AGGemm(CollectiveOp):
         grid = max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
         args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._meta.ptr, src_pitch, m_loc, row_vecs, self.OP_ID, 1)
-        # G._launch: the engine's lean path (launch config cached, one argument block per thread)
-        G._launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, meta))
+        # the engine's lean path (launch config cached, one argument block per thread)
+        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, meta))
 
     def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int) -> None:
         args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._ready.peer_table_ptr,
                                  int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16,
                                  DIRECTIONS[self.direction], 0)
-        G._launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
+        engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
 
-    def _prepare_gemm(self, s: int, cfg: G.GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
+    def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
         params), resolved before the call issues anything: no compile or module load happens
-        while this rank's barrier spins."""
+        while this rank's barrier spins. The engine's pipeline waits trap when they expire: they
+        get longer than any flag wait, so a late peer surfaces as the flag wait's clear error."""
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
         pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._ready.ptr, m_loc, self.rank, self.world, 0)
         ldc = tc.strides[0] if m > 1 else n
-        epilogue = G.plain_epilogue(self.out_dtype)  # the plain GEMM's: TmaStore for 16-bit C
-        epi = G.epilogue_params(epilogue, tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
+        epilogue = engine.plain_epilogue(self.out_dtype)  # the plain GEMM's: TmaStore for 16-bit C
+        epi = engine.epilogue_params(epilogue, tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-        plan = G._plan(cfg, m, n, k, dt, self.b_layout, self.out_dtype, s, self.device_id, KERNEL_FILE, SCHED, PROLOGUE,
-                       epilogue, self.world, self.rank)
-        key = (cfg, m)
-        params = self._params.get(key)
-        if params is None:
-            # The engine's pipeline waits trap when they expire: give them longer than any flag
-            # wait, so a late peer surfaces as the flag wait's clear error, never as a trap.
-            params = G.gemm_params(cfg, m, n, k, seg_count=self.world, seg_start=self.rank,
-                                   timeout_ns=self.pipeline_timeout_ns())
-            self._params[key] = params
-        tmap_a = G.tensor_map(self._gath.ptr, dt, m, k, k, plan.box_a[0], plan.box_a[1])
-        tmap_a_tail = G.tensor_map(self._gath.ptr, dt, m, k, k, plan.a_tail, plan.box_a[1]) if plan.a_tail else tmap_a
-        if self.b_layout == "nk":
-            tmap_b = G.tensor_map(tb.ptr, dt, n, k, ldb, plan.box_b[0], plan.box_b[1])
-        else:
-            tmap_b = G.tensor_map(tb.ptr, dt, k, n, ldb, plan.box_b[0], plan.box_b[1])
-        return plan, (tmap_a, tmap_b, params, pro, epi, tmap_a_tail)
+        plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
+                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=epilogue, seg_count=self.world,
+                           seg_start=self.rank, timeout_ns=self.pipeline_timeout_ns())
+        return plan, plan.args(self._gath.ptr, tb.ptr, k, ldb, pro, epi)
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:
         plan, args = prepared
-        if pdl:
-            G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args, pdl=True)
-        else:
-            G._launch(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, s, args)
+        plan.launch_args(s, args, pdl=pdl)
 
     def gathered(self, m: int):
         """A CuPy view (m, k) of this rank's gathered buffer (valid until the next call)."""
@@ -560,12 +544,6 @@ def cached_op(group, n: int, k: int, dtype, b_layout: str = "nk", *, direction: 
     g = resolve_group(group)
     key = (int(n), int(k), dt, b_layout, env.ag_direction() if direction is None else direction, default_copy(g, copy), od)
     return _cache.peek(g, key)
-
-
-def bench_variants() -> list[tuple[str, dict]]:
-    """(row name, ag_gemm keyword arguments) of every gather path, for benchmark tables: the
-    harness can register one fused row per entry (``functools.partial(rawflux.ag_gemm, **kw)``)."""
-    return [(f"rawflux[{d}/{c}]", {"direction": d, "copy": c}) for d in DIRECTIONS for c in COPIES]
 
 
 def clear_cache() -> None:

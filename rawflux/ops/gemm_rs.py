@@ -38,12 +38,11 @@ import struct
 import threading
 from dataclasses import dataclass, replace
 
-from .. import env, tune
+from .. import engine, env, tune
 from ..dist.layout import OP_GEMM_RS
 from ..jit import get_kernel, register
 from ..runtime import DType, as_tensor, check_matrix, prepare_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
-from . import gemm as _gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, bounded_allgather, resolve_group
 
 __all__ = ["GemmRS", "gemm_rs", "PARTIALS", "RsPlan", "plan_call", "tile_owners", "route_row", "reduce_units", "flag_index",
@@ -56,7 +55,6 @@ B_LAYOUTS = ("nk", "kn")
 
 # Partial element types: name -> (kRsPart* code, bytes, the DType the engine's Cfg carries as kOut).
 PARTIALS = {"fp32": (2, 4, DType.F32), "bf16": (0, 2, DType.BF16), "f16": (1, 2, DType.F16)}
-_TYPE_CODE = {DType.BF16: 0, DType.F16: 1, DType.F32: 2}
 _LAYOUT_CODE = {"nk": 0, "kn": 1}
 
 # struct ScatterStore<kPart>::Params (fused/rs_scatter.cuh):
@@ -147,7 +145,7 @@ def choose_config(m: int, n: int, k: int, b_layout: str, dev, gemm_ctas: int, pa
     for t in tiles or tune.tiles_for(b_layout):
         if not t.supports(b_layout) or t.cluster_size > gemm_ctas:
             continue
-        cfg = GemmConfig(t, splits=1, group=8, raster_n=False, ctas=gemm_ctas)
+        cfg = GemmConfig(t, tune.DP, group=8, raster_n=False, ctas=gemm_ctas)
         us = tune.estimate_us(m, n, k, cfg, dev, out_bytes=part_bytes)
         if us < best_t - 1e-9:
             best, best_t = cfg, us
@@ -213,7 +211,7 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
     m_loc = m // world
     part_code, part_bytes, _ = PARTIALS[partials]
     cfg = config if config is not None else choose_config(m, n, k, b_layout, dev, tile_ctas or gemm_ctas, part_bytes)
-    cfg = replace(cfg, splits=1, stream_k=False, tail=0, band=0, narrow=0, raster_n=False, ctas=gemm_ctas)
+    cfg = replace(cfg, decomp=tune.DP, raster_n=False, ctas=gemm_ctas)
     t = cfg.tile
     tiles_n = _cdiv(n, t.bn)
     if _cdiv(m, t.bm) * tiles_n > tiles_cap:
@@ -235,11 +233,11 @@ def scatter_epilogue(partials: str) -> str:
 
 
 def gemm_kernel_name(tile: TileConfig, dtype: DType, b_layout: str, partials: str) -> str:
-    return _gemm.kernel_name(tile, dtype, PARTIALS[partials][2], b_layout, epilogue=scatter_epilogue(partials))
+    return engine.kernel_name(tile, dtype, PARTIALS[partials][2], b_layout, epilogue=scatter_epilogue(partials))
 
 
 def reduce_kernel_name(partials: str, out_dtype: DType) -> str:
-    return f"rawflux::rs_reduce_kernel<{PARTIALS[partials][0]},{_TYPE_CODE[out_dtype]}>"
+    return f"rawflux::rs_reduce_kernel<{PARTIALS[partials][0]},{engine.abi.TYPE_CODE[out_dtype]}>"
 
 
 def _default_partials_for(dt: DType) -> tuple[str, ...]:
@@ -332,7 +330,7 @@ class GemmRS(CollectiveOp):
         self.config = config
         super().__init__(group, side_streams=1)
         g = self.group
-        self.dev = _gemm._check_arch(self.device_id) if self.world > 1 else tune.device_info(self.device_id)
+        self.dev = engine.check_arch(self.device_id) if self.world > 1 else tune.device_info(self.device_id)
         sms = self.dev.sms
         self.reduce_ctas = int(reduce_ctas) if reduce_ctas is not None else default_reduce_ctas(sms, self.world)
         if self.world > 1 and not 1 <= self.reduce_ctas < sms:
@@ -390,9 +388,7 @@ class GemmRS(CollectiveOp):
                 name = gemm_kernel_name(p.cfg.tile, self.dtype, self.b_layout, self.partials)
                 get_kernel(KERNEL_FILE, name, device_id=self.device_id, arch="sm_90a")
             else:
-                cfg = self.config or _gemm.pick_config(int(m), self.n, self.k, self.dtype, self.b_layout, self.dtype, self.device_id)
-                name = _gemm.kernel_name(cfg.tile, self.dtype, self.dtype, self.b_layout)
-                get_kernel("gemm.cu", name, device_id=self.device_id, arch="sm_90a")
+                self._local_plan(int(m), None)
 
     # --- the call -------------------------------------------------------------------------------
     def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
@@ -407,7 +403,7 @@ class GemmRS(CollectiveOp):
         m = ta.shape[0]
         m_loc = check_m(m, self.max_m, world)
         # 16-byte alignment: the reduce kernel reads the bias in 16-byte vectors
-        tbias, bias_ptr, bias_kind = _gemm.bias_args(bias, n, dt, dev, s, align=16, op="gemm_rs")
+        tbias, bias_ptr, bias_kind = engine.bias_args(bias, n, dt, dev, s, align=16, op="gemm_rs")
         inputs = {"a": ta, "b_shard": tb} | ({"bias": tbias} if tbias is not None else {})
         tc, _ = prepare_output(out, "out", (m_loc, n), dt, ta, stream=s, inputs=inputs)
         lda = ta.strides[0] if m > 1 else k
@@ -415,10 +411,11 @@ class GemmRS(CollectiveOp):
         p = self.plan(m)
         if world > 1:
             # The GEMM's kernel compiled and loaded before this rank issues anything: a compile
-            # after the barrier would hold every peer's flag wait for as long (a 10 s timeout in
-            # session 13's loop of 1000 calls, whose m sweeps through several tiles).
-            gplan = _gemm._plan(p.cfg, m, n, k, dt, self.b_layout, PARTIALS[self.partials][2], s, dev, KERNEL_FILE,
-                                _gemm.FUSED_SCHED, "rawflux::NoWait", scatter_epilogue(self.partials), world, p.seg_start)
+            # after the barrier would hold every peer's flag wait for as long (seen as a 10 s
+            # timeout in a loop of 1000 calls whose m sweeps through several tiles).
+            gplan = engine.plan(p.cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=PARTIALS[self.partials][2], device_id=dev,
+                                stream=s, relpath=KERNEL_FILE, sched=engine.FUSED_SCHED, epilogue=scatter_epilogue(self.partials),
+                                seg_count=world, seg_start=p.seg_start)
         self.begin(s, p.fields)
         if world == 1:
             self._local_gemm(ta, tb, tc, bias_ptr, bias_kind, lda, ldb, s)
@@ -433,7 +430,7 @@ class GemmRS(CollectiveOp):
         # streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, few connections
         # under MPS), and a waiter queued first would hold its producer back. The GEMM leaves R
         # SMs free, so where the queues are separate the reducer runs beside it.
-        _gemm._launch_plan(gplan, ta.ptr, tb.ptr, lda, ldb, s, _gemm.NOWAIT_PARAMS, p.epi_params)
+        gplan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=p.epi_params)
         _launch_reduce(self._reduce_kernel, p.reduce_grid, side, rparams)
         # Once the GEMM is done its SMs are free: the same kernel on every SM takes the units the
         # side reducer has not claimed yet (the own rows come last, so usually most of them).
@@ -441,15 +438,19 @@ class GemmRS(CollectiveOp):
         self.join(s)
         return wrap_output(ta, tc, stream=s)
 
+    def _local_plan(self, m: int, stream: int | None):
+        """World 1: the plain GEMM's plan (the configuration rawflux.gemm would pick); stream None:
+        the current one (warmup)."""
+        cfg = self.config or engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.dtype, self.device_id)
+        stream = resolve_stream(None, ()) if stream is None else stream
+        return engine.plan(cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
+                           device_id=self.device_id, stream=stream)
+
     def _local_gemm(self, ta, tb, tc, bias_ptr, bias_kind, lda, ldb, s) -> None:
-        """World 1: the plain GEMM (the configuration rawflux.gemm would pick) into out."""
-        m, n, k, dt = ta.shape[0], self.n, self.k, self.dtype
-        cfg = self.config or _gemm.pick_config(m, n, k, dt, self.b_layout, dt, self.device_id)
-        epilogue = _gemm.plain_epilogue(dt)
-        epi = _gemm.epilogue_params(epilogue, tc.ptr, m, n, n, dt, bias_ptr, bias_kind)
-        _gemm.launch_gemm(cfg, a_ptr=ta.ptr, b_ptr=tb.ptr, m=m, n=n, k=k, dtype=dt, b_layout=self.b_layout, out_dtype=dt,
-                          epilogue_params=epi, stream=s, device_id=self.device_id, lda=lda, ldb=ldb,
-                          sched=_gemm.PLAIN_SCHED, epilogue=epilogue)
+        """World 1: the plain GEMM into out."""
+        m, n, dt = ta.shape[0], self.n, self.dtype
+        epi = engine.epilogue_params(engine.plain_epilogue(dt), tc.ptr, m, n, n, dt, bias_ptr, bias_kind)
+        self._local_plan(m, s).launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
 
     def __repr__(self) -> str:
         return (f"<rawflux GemmRS rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "
@@ -503,35 +504,3 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
 def clear_cache() -> None:
     """Close the op objects the functional form made (collective)."""
     _ops.clear()
-
-
-# ------------------------------------------------------------------------------------------------
-# benchmark rows (python -m rawflux.bench): the bf16-partials variant (the rawflux GEMM alone,
-# its exposed-communication reference, is a built-in row of both ops).
-
-
-def _register_bench() -> None:
-    try:
-        from ..bench import registry
-    except ImportError:  # pragma: no cover - the harness is part of the package
-        return
-
-    def fused_bf16(ctx):
-        """rawflux.gemm_rs(partials='bf16'): half the bytes on the links"""
-        from ..bench.registry import Unavailable
-
-        if ctx.dtype not in DTYPES:
-            raise Unavailable(f"rawflux.gemm_rs takes bf16 / f16, not {ctx.dtype.tag}")
-        import cupy
-
-        with cupy.cuda.Device(ctx.group.device_id):
-            out = cupy.empty(ctx.problem.out_shape, ctx.dtype.np)
-        sets, group, stream = ctx.sets, ctx.group, ctx.stream
-        part = "bf16" if ctx.dtype == DType.BF16 else "f16"
-        gemm_rs(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials=part)
-        return lambda i: gemm_rs(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials=part)
-
-    registry.register("gemm_rs", "rawflux.bf16parts", "fused", fused_bf16, gemm_ref="rawflux_gemm")
-
-
-_register_bench()

@@ -1,16 +1,16 @@
-"""A's TMA box cut to m (GemmParams::a_box_rows, session 13) and what the time model charges for
+"""A's TMA box cut to m (GemmParams::a_box_rows, 2026-11-30) and what the time model charges for
 rows of A past m."""
 from __future__ import annotations
 
+from rawflux import engine as g
 from rawflux import tune
-from rawflux.ops import gemm as g
 
 
 def test_a_box_rows():
     for t in (*tune.TILES, *tune.KSPLIT_TILES):
         box = t.bm // t.cluster_n
         for m in (1, 7, 8, 9, 31, 63, 64, 65, 127, 128, 129, 300, 4096):
-            rows = g.a_box_rows(t, m)
+            rows = tune.a_box_rows(t, m)
             assert rows % 8 == 0 and 8 <= rows <= box and rows <= 256, (t.tag(), m, rows)
             assert rows == (box if m >= box else -(-m // 8) * 8), (t.tag(), m, rows)
 
@@ -21,7 +21,7 @@ def test_a_tail_rows():
     probe = tune.TileConfig(128, 128, 4, cluster_n=2)  # A multicast: no compiled tile has it
     for t in (*tune.TILES, *tune.KSPLIT_TILES, probe):
         for m in (1, 7, 63, 64, 65, 127, 128, 129, 135, 136, 137, 192, 255, 256, 300, 384, 4096, 4097, 8191):
-            rows = g.a_tail_rows(t, m)
+            rows = tune.a_tail_rows(t, m)
             tiles = -(-m // t.bm)
             tail = m - (tiles - 1) * t.bm
             if t.cluster_n > 1:
@@ -33,7 +33,7 @@ def test_a_tail_rows():
             else:
                 assert rows == 0, (t.tag(), m, rows)
     pair = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
-    assert [g.a_tail_rows(pair, m) for m in (64, 128, 256, 384, 300, 1000)] == [8, 8, 0, 8, 48, 104]
+    assert [tune.a_tail_rows(pair, m) for m in (64, 128, 256, 384, 300, 1000)] == [8, 8, 0, 8, 48, 104]
 
 
 def test_gemm_params_carry_a_box_rows():
@@ -42,10 +42,10 @@ def test_gemm_params_carry_a_box_rows():
     for tag, m in (("64x128x64s8c1w2/k2/g8m/p0", 5), ("128x256x64s4c2x1w2/k1/g8m/p0", 77), ("128x256x64s4c2x1w2/k1/g8m/p0", 4096),
                    ("128x256x64s4c2x1w2/k1/g8m/p0", 4097), ("64x96x64s8c1w2/k2/g8m/p0", 100)):
         cfg = tune.parse_tag(tag)
-        p = dict(zip(names, g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, 1024, 512, timeout_ns=1))))
-        assert p["a_box_rows"] == g.a_box_rows(cfg.tile, m) and p["m"] == m
-        assert p["a_tail_rows"] == g.a_tail_rows(cfg.tile, m)
-    assert dict(zip(names, g.GEMM_PARAMS.unpack(g.gemm_params(tune.parse_tag("64x96x64s8c1w2/k2/g8m/p0"), 100, 1024, 512))))[
+        p = dict(zip(names, g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, 1024, 512, sms=132, timeout_ns=1))))
+        assert p["a_box_rows"] == tune.a_box_rows(cfg.tile, m) and p["m"] == m
+        assert p["a_tail_rows"] == tune.a_tail_rows(cfg.tile, m)
+    assert dict(zip(names, g.GEMM_PARAMS.unpack(g.gemm_params(tune.parse_tag("64x96x64s8c1w2/k2/g8m/p0"), 100, 1024, 512, sms=132))))[
         "a_tail_rows"] == 40
 
 

@@ -251,7 +251,7 @@ def test_gemm_with_wait_prologue_compiles_without_spills(layout, dtype):
     from rawflux import tune
 
     tile = next(t for t in tune.tiles_for(layout))
-    name = A.G.kernel_name(tile, dtype, dtype, layout, prologue=A.PROLOGUE)
+    name = A.engine.kernel_name(tile, dtype, dtype, layout, prologue=A.PROLOGUE, epilogue=A.engine.plain_epilogue(dtype))
     _no_spills(compile_cubin(kernel_source(A.KERNEL_FILE), arch="sm_90a", name_expressions=(name,), filename=A.KERNEL_FILE), (name,))
 
 
@@ -321,7 +321,7 @@ def op(monkeypatch):
     group = FakeGroup(rank=0, world=1, device_id=0, timeout_s=5.0, closed=False)
     o = A.AGGemm(group, 256, 64, 128, "bf16")
     # Any launch would be a bug in these tests: make it loud.
-    monkeypatch.setattr(A.G, "gemm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    monkeypatch.setattr(A, "gemm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
     return o
 
 
@@ -463,8 +463,9 @@ def fake_cuda(monkeypatch):
     import cupy
     from cupy.cuda import runtime
 
+    from rawflux import engine as E
     from rawflux import tune
-    from rawflux.ops import gemm as G
+    from rawflux.engine import planning as P
 
     log = []
     monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
@@ -498,16 +499,25 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(cupy, "zeros", lambda *a, **k: _Arr())
     monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _Kernel(name, log))
-    cfg = G.GemmConfig(next(iter(__import__("rawflux.tune", fromlist=["TILES"]).TILES)), splits=3)
-    monkeypatch.setattr(G, "pick_config", lambda *a, **k: cfg)
-    plan = types_ns(kernel=_Kernel("gemm_kernel", log), grid=132, threads=384, cluster=2, smem=200000, box_a=(128, 64), box_b=(128, 64),
-                    a_tail=40)
+    cfg = tune.GemmConfig(next(iter(tune.TILES)), tune.Decomp.split_k(3))
+    monkeypatch.setattr(E, "pick_config", lambda *a, **k: cfg)
     plans = []
-    monkeypatch.setattr(G, "_plan", lambda *a: plans.append(a) or plan)
-    monkeypatch.setattr(G, "tensor_map", lambda ptr, *a: ("tmap", ptr) + a)
-    monkeypatch.setattr(G, "epilogue_params", lambda epilogue, c_ptr, *a: (epilogue, c_ptr) + a)
-    monkeypatch.setattr(G, "_launch", lambda kern, grid, threads, cluster, smem, s, args, pdl=False: log.append(
-        ("launch", kern.name.split("::")[-1], s, grid, args) + (("pdl",) if pdl else ())))
+
+    def fake_plan(cfg, m, n, k, **kw):  # a real GemmPlan, without a device or a compile
+        plans.append((cfg, m, n, k, kw))
+        work = tune.work_plan(m, n, k, cfg, 132)
+        params = E.pack_params(cfg, m, n, k, work, seg_count=kw["seg_count"], seg_start=kw["seg_start"], timeout_ns=kw["timeout_ns"])
+        return E.GemmPlan(cfg, "gemm_kernel", E.KernelOptions(False, 0, 2), _Kernel("gemm_kernel", log), work, 132, 384, 2, 200000,
+                          params, (128, 64), (128, 64), 40, (m, n, k), kw["b_layout"], 9)
+
+    def fake_launch(kern, grid, threads, cluster, smem, s, args, pdl=False):
+        log.append(("launch", kern.name.split("::")[-1], s, grid, args) + (("pdl",) if pdl else ()))
+
+    monkeypatch.setattr(E, "plan", fake_plan)
+    monkeypatch.setattr(P, "tensor_map_code", lambda ptr, *a: ("tmap", ptr) + a)
+    monkeypatch.setattr(E, "epilogue_params", lambda epilogue, c_ptr, *a: (epilogue, c_ptr) + a)
+    monkeypatch.setattr(E, "launch", fake_launch)
+    monkeypatch.setattr(P, "launch", fake_launch)
     yield log, plans
 
 
@@ -548,11 +558,12 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     tmap_a, _, params, pro, _, tmap_a_tail = g[4]
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
     assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
-    p = A.G.GEMM_PARAMS.unpack(params)
+    p = A.engine.GEMM_PARAMS.unpack(params)
     assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == (world, rank)  # m, splits, seg_count/seg_start
     assert p[20] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
     assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
-    assert plans[-1][9] == A.KERNEL_FILE and plans[-1][11] == A.PROLOGUE
+    assert plans[-1][0].decomp == A.tune.DP  # split-K off
+    assert plans[-1][4]["relpath"] == A.KERNEL_FILE and plans[-1][4]["prologue"] == A.PROLOGUE
     sides = op.side_streams
     if copy == "ce":
         data = [e for e in log if e[0] in ("memcpy2d", "memcpy") and e[3] != 4]

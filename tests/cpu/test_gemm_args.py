@@ -1,9 +1,9 @@
-"""rawflux.ops.gemm.bias_args: the one bias intake of gemm, ag_gemm and gemm_rs (no GPU)."""
+"""rawflux.engine.bias_args: the one bias intake of gemm, ag_gemm and gemm_rs (no GPU)."""
 from __future__ import annotations
 
 import pytest
 
-from rawflux.ops import gemm as G
+from rawflux import engine as G
 from rawflux.runtime import DType, arrays
 
 BASE = 0x7F0000000000

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
+import rawflux  # noqa: F401  (the op modules register their variants)
+from rawflux import engine as g
 from rawflux import tune
 from rawflux.check_kernels import _WGMMA_SERIALIZED
 from rawflux.jit import compile_cubin, kernel_source, variants
-from rawflux.ops import gemm as g
 from rawflux.runtime import DType
 
 GEMM_VARIANTS = [v for v in variants() if v.relpath == "gemm.cu"]
@@ -83,14 +84,14 @@ def test_heuristic_picks_compiled_variants():
 def test_model_charges_the_split_k_fix_up():
     """Split-K's fix-up (fp32 partials out and back, after the main loop) costs time per unit: at
     m = 256, n = k = 8192 on an H200 the unsplit 128x128 tile measured 62 us and 128x256 (cluster
-    2x1) split in two 72 us (benchmarks/results/gemm-variants-2026-11-29-s5/r4-sweep-full-grid.json),
+    2x1) split in two 72 us (benchmarks/tools/gemm_timings.json),
     and the model must rank them so; splitting still wins where a k1 grid is a fraction of a wave."""
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     big = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
     small = next(t for t in tune.TILES if (t.bm, t.bn) == (128, 128))
-    assert tune.estimate_us(256, 8192, 8192, tune.GemmConfig(small, 1), dev) < tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 2), dev)
-    one = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 1), dev)
-    two = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, 2), dev)
+    assert tune.estimate_us(256, 8192, 8192, tune.GemmConfig(small), dev) < tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, tune.Decomp.split_k(2)), dev)
+    one = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big), dev)
+    two = tune.estimate_us(256, 8192, 8192, tune.GemmConfig(big, tune.Decomp.split_k(2)), dev)
     assert two > 0.5 * one + (1 + 2) * big.bm * big.bn * 4.0 / dev.fixup_bytes_per_s * 1e6 * 0.99
     pick = tune.heuristic(64, 8192, 28672, "nk", dev)
     assert pick.splits > 1 or pick.stream_k  # 64 x 8192: a k1 grid fills half the SMs
@@ -105,7 +106,7 @@ def test_kernel_name_matches_registry():
 
 
 def test_tma_store_scratch_and_params():
-    """TmaStore's staging buffers (mirroring TmaStore::bufs / kScratchOffset in policies.cuh) fit
+    """TmaStore's staging buffers (the host's kernel_options / scratch_offset, TmaStore::bufs / kScratchOffset in the kernel) fit
     the 227 KB with the tile's ring, and its params are the 192-byte struct with the map first."""
     for t in tune.TILES:
         for od in (DType.BF16, DType.F16, DType.F32):
@@ -121,13 +122,14 @@ def test_tma_store_scratch_and_params():
     wide = next(t for t in tune.TILES if t.bn == 320)
     assert g.epilogue_scratch_bytes(wide, "rawflux::TmaStore", DType.BF16) == 0  # the ring fills shared memory
     # The map itself needs the driver (GPU tests); the fields after it: c, ldc, bias, bias_kind, pad.
-    assert g._TMA_STORE_TAIL.size == 32 and 128 + g._TMA_STORE_TAIL.size + 32 == 192
+    assert g.TMA_STORE_TAIL.size == 32 and 128 + g.TMA_STORE_TAIL.size + 32 == 192
 
 
 def test_config_tags_round_trip():
     for t in tune.TILES:
-        for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, splits=3, group=4, raster_n=True, ctas=120),
-                    tune.GemmConfig(t, group=2, stream_k=True)):
+        for cfg in (tune.GemmConfig(t), tune.GemmConfig(t, tune.Decomp.split_k(3), group=4, raster_n=True, ctas=120),
+                    tune.GemmConfig(t, tune.STREAM_K, group=2), tune.GemmConfig(t, tune.Decomp("tail", 3)),
+                    tune.GemmConfig(t, tune.Decomp("band", 4))):
             assert tune.parse_tag(cfg.tag()) == cfg
     with pytest.raises(ValueError, match="not a gemm config tag"):
         tune.parse_tag("128x256/k1")
@@ -147,18 +149,18 @@ def test_wide_tile_is_nk_only_and_two_wgmma_per_step():
 
 def _epilogue_layout_asserts() -> str:
     """NVRTC static_asserts: the host's packing of LocalStore / TmaStore params matches the structs."""
-    tail = ("c", "ldc", "bias", "bias_kind", "pad")  # g._TMA_STORE_TAIL, after the 128-byte map
+    tail = ("c", "ldc", "bias", "bias_kind", "pad")  # g.TMA_STORE_TAIL, after the 128-byte map
     sizes = {"Q": 8, "q": 8, "i": 4}
     lines = ['#include "rawflux/gemm/policies.cuh"', "namespace rawflux {",
              'static_assert(sizeof(TmaStore::Params) == 192 && alignof(TmaStore::Params) == 64, "TmaStore size");',
              'static_assert(__builtin_offsetof(TmaStore::Params, tmap_c) == 0, "TmaStore.tmap_c");',
-             f'static_assert(sizeof(LocalStore::Params) == {g._LOCAL_STORE.size}, "LocalStore size");']
+             f'static_assert(sizeof(LocalStore::Params) == {g.LOCAL_STORE.size}, "LocalStore size");']
     off = 128
-    for name, code in zip(tail, g._TMA_STORE_TAIL.format.lstrip("<")):
+    for name, code in zip(tail, g.TMA_STORE_TAIL.format.lstrip("<")):
         lines.append(f'static_assert(__builtin_offsetof(TmaStore::Params, {name}) == {off}, "TmaStore.{name}");')
         off += sizes[code]
     off = 0
-    for name, code in zip(("c", "bias", "ldc", "bias_kind", "pad"), g._LOCAL_STORE.format.lstrip("<")):
+    for name, code in zip(("c", "bias", "ldc", "bias_kind", "pad"), g.LOCAL_STORE.format.lstrip("<")):
         lines.append(f'static_assert(__builtin_offsetof(LocalStore::Params, {name}) == {off}, "LocalStore.{name}");')
         off += sizes[code]
     lines += ["}  // namespace rawflux", "__global__ void epilogue_layout_probe() {}"]
@@ -176,14 +178,14 @@ def test_epilogue_param_structs_match_cuda():
 
 def _scratch_asserts() -> str:
     """NVRTC static_asserts: the shared memory the host reserves for the epilogue's scratch
-    (ops.gemm.epilogue_scratch_bytes, launch_smem_bytes) is what the kernel's policy uses, for every
+    (engine.epilogue_scratch_bytes, launch_smem_bytes) is what the kernel's policy uses, for every
     compiled tile and output type (a kernel using more than the launch reserved would write past it)."""
     lines = ['#include "rawflux/gemm/policies.cuh"', "namespace rawflux {"]
     for t in tune.TILES:
         for dt in (DType.BF16, DType.F16):
             for od in g.out_dtypes_for(dt):
-                cfg = g.kernel_name(t, dt, od, "nk").split("<", 1)[1].rsplit(f", {g.FUSED_SCHED}", 1)[0]
                 epi = g.plain_epilogue(od)
+                cfg = g.kernel_name(t, dt, od, "nk", epilogue=epi).split("<", 1)[1].rsplit(f", {g.FUSED_SCHED}", 1)[0]
                 want = g.epilogue_scratch_bytes(t, epi, od)
                 lines.append(f'static_assert({epi}::scratch_bytes<{cfg}>() == {want}, "{t.tag()} {od.tag} scratch");')
                 lines.append(f'static_assert(kScratchOffset<{cfg}> + {want} + 1024 <= {tune.SMEM_PER_CTA}, "{t.tag()} fits");')
@@ -198,80 +200,7 @@ def test_epilogue_scratch_matches_host():
     pytest.importorskip("cuda.bindings.nvrtc")
     src = _scratch_asserts()
     compile_cubin(src, arch="sm_90a")
-    broken = src.replace("scratch_bytes<rawflux::GemmCfg<128,256,64,4,2,1,2,0,0,0>>() == 32768", "scratch_bytes<rawflux::GemmCfg<128,256,64,4,2,1,2,0,0,0>>() == 16384")
+    broken = src.replace("() == 32768", "() == 16384", 1)
     assert broken != src
     with pytest.raises(Exception, match="scratch"):
         compile_cubin(broken, arch="sm_90a")
-
-
-# --------------------------------------------------------------------------------------------
-# RAWFLUX_DESC_STEP (mainloop_sm90.cuh): a k16 step's wgmma descriptor as the stage's step-0
-# descriptor plus a 32-bit add (ptx::desc_step) equals the descriptor built from the stepped address
-
-
-def _smem_desc(addr: int, lbo: int, sbo: int) -> int:
-    """ptx::smem_desc (ptx/wgmma.cuh), bit for bit."""
-    return ((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16) | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62)
-
-
-def _desc_step(desc: int, nbytes: int) -> int:
-    """ptx::desc_step."""
-    return (desc & 0xFFFFFFFF00000000) | (((desc & 0xFFFFFFFF) + (nbytes >> 4)) & 0xFFFFFFFF)
-
-
-def test_desc_step_equals_the_stepped_descriptor_at_every_shared_address():
-    for lbo, steps in ((16, (32, 64, 96)), (8192, (2048, 4096, 6144))):  # K-major A / B; MN-major B (kn)
-        for addr in range(0, tune.SMEM_PER_CTA, 16):
-            base = _smem_desc(addr, lbo, 1024)
-            for nbytes in steps:
-                if addr + nbytes < tune.SMEM_PER_CTA:
-                    assert _desc_step(base, nbytes) == _smem_desc(addr + nbytes, lbo, 1024), (addr, nbytes)
-    # the add would carry out of a 14-bit field only past 2^18 bytes, which shared memory never reaches
-    assert tune.SMEM_PER_CTA + 6144 < 1 << 18
-    assert _desc_step(_smem_desc(0x3FFF0, 16, 1024), 32) != _smem_desc(0x3FFF0 + 32, 16, 1024)
-
-
-def test_desc_step_variant_compiles_without_spills():
-    pytest.importorskip("cuda.bindings.nvrtc")
-    v = next(v for v in variants() if "GemmCfg<128,256,64,4,2,1,2,0,0,0>, rawflux::StreamKSched" in v.name_expr)
-    res = compile_cubin(kernel_source(v.relpath), arch="sm_90a", name_expressions=(v.name_expr,), filename=v.relpath,
-                        extra_options=tuple(v.extra_options) + ("-DRAWFLUX_DESC_STEP=1",))
-    r = res.resources[res.lowered[v.name_expr]]
-    assert r["spill_stores"] == 0 and r["stack"] == 0 and "C7512" not in res.log
-
-
-@pytest.mark.parametrize("bufs", ["0", "1", "4"])
-def test_epilogue_scratch_follows_the_define(monkeypatch, bufs):
-    """RAWFLUX_TMA_STORE_BUFS set through RAWFLUX_NVRTC_DEFINES moves the kernel's staging and the
-    host's reserve together (a kernel staging more than the launch reserved would write past it)."""
-    pytest.importorskip("cuda.bindings.nvrtc")
-    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", f"RAWFLUX_TMA_STORE_BUFS={bufs}")
-    big = next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
-    # 128 x 256 with 4 stages has room for 2 boxes per warpgroup, whatever the define allows beyond
-    assert g.epilogue_scratch_bytes(big, "rawflux::TmaStore", DType.BF16) == min(int(bufs), 2) * 2 * 8192
-    compile_cubin(_scratch_asserts(), arch="sm_90a")
-
-
-def test_nvrtc_define_int(monkeypatch):
-    from rawflux import env
-
-    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_PROBE=3 RAWFLUX_WAIT0")
-    assert env.nvrtc_define_int("RAWFLUX_PROBE", 0) == 3
-    assert env.nvrtc_define_int("RAWFLUX_WAIT0", 0) == 1  # NAME alone defines it as 1, as -DNAME does
-    assert env.nvrtc_define_int("RAWFLUX_TMA_STORE_BUFS", 2) == 2
-
-
-def test_trace_build_compiles_without_spills_and_default_has_no_trace():
-    """RAWFLUX_TRACE=1 (benchmarks/gemm_trace.py) compiles the timeline stamps, the wait sums and
-    their module global without spills in every plain-GEMM tile (bf16, nk); the default build has
-    none of it."""
-    pytest.importorskip("cuda.bindings.nvrtc")
-    names = [g.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED, epilogue=g.plain_epilogue(DType.BF16))
-             for t in tune.tiles_for("nk")]
-    for name in names:
-        for trace in (True, False):
-            res = compile_cubin(kernel_source("gemm.cu"), arch="sm_90a", name_expressions=(name,), filename="gemm.cu",
-                                extra_options=("-DRAWFLUX_TRACE=1",) if trace else ())
-            r = res.resources[res.lowered[name]]
-            assert r["spill_stores"] == 0 and r["stack"] == 0 and "serialized" not in res.log, (name, trace, r)
-            assert (b"rawflux_trace" in res.cubin) == trace, (name, trace)

@@ -381,9 +381,12 @@ def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monke
             log.append(("kernel", self.name.split("::")[-1].split("<")[0], stream))
 
     monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _ExKernel(name, log))
-    plan = object()
-    monkeypatch.setattr(R._gemm, "_plan", lambda *a, **kw: log.append(("plan",)) or plan)
-    monkeypatch.setattr(R._gemm, "_launch_plan", lambda p, a, b, lda, ldb, stream, pro, epi: log.append(("gemm", stream, p)))
+    class _Plan:
+        def launch(self, a_ptr, b_ptr, *, lda, ldb, stream, epilogue_params, **kw):
+            log.append(("gemm", stream, self))
+
+    plan = _Plan()
+    monkeypatch.setattr(R.engine, "plan", lambda *a, **kw: log.append(("plan",)) or plan)
     monkeypatch.setattr(R, "_launch_reduce", lambda kernel, grid, stream, params: log.append(("reduce", stream, grid)))
     rank, world, m, n, k = 1, 4, 512, 256, 128
     monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
@@ -401,7 +404,7 @@ def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monke
     assert kinds.index("barrier") < gemm_at  # buffers are free: every peer finished the last call
     assert log[gemm_at][2] is plan
     # The GEMM's kernel is resolved (compiled, loaded) before anything is issued: a compile after
-    # the barrier would hold the peers' flag waits (session 13's loop1000 timeout).
+    # the barrier would hold the peers' flag waits (seen as a timeout in a loop of 1000 calls).
     assert kinds.index("plan") < min(i for i, kd in enumerate(kinds) if kd != "plan")
     side = [e for e in log if e[0] == "reduce" and e[1] != main]
     assert len(side) == 1  # one reducer beside the GEMM, one after it on the caller's stream

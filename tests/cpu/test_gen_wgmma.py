@@ -1,5 +1,5 @@
 """cuda_src/rawflux/ptx/wgmma.cuh is generated: the generator beside it must reproduce it exactly
-(session 10 found desc_step added to the header by hand, so a regeneration would have dropped it)."""
+(a hand edit to the header would be lost at the next regeneration)."""
 from __future__ import annotations
 
 import importlib.util

@@ -123,24 +123,14 @@ def test_disk_cache_hit_on_second_compile(src):
     assert _compile() is second  # and then from memory
 
 
-def test_nvrtc_defines_reach_the_compile_and_the_key(src, monkeypatch):
+def test_extra_options_reach_the_compile_and_the_key(src):
     guarded = "#if RAWFLUX_TEST_FLAG != 7\n#error RAWFLUX_TEST_FLAG must be 7\n#endif\n" + TINY
     kw = dict(arch="sm_90a", name_expressions=("rawflux::test_tiny_kernel",), filename="guarded.cu")
     with pytest.raises(jit.CompileError, match="RAWFLUX_TEST_FLAG"):
         compiler.compile_cubin(guarded, **kw)
-    plain = _compile()
-    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_TEST_FLAG=7 RAWFLUX_OTHER")
-    assert compiler.compile_cubin(guarded, **kw).cubin
-    assert _compile().key != plain.key  # a define is part of the cache key
-
-
-@pytest.mark.parametrize("bad", ["1X=2", "A-B", "=3"])
-def test_malformed_nvrtc_define_is_refused(monkeypatch, bad):
-    from rawflux import env
-
-    monkeypatch.setenv("RAWFLUX_NVRTC_DEFINES", bad)
-    with pytest.raises(ValueError, match="RAWFLUX_NVRTC_DEFINES"):
-        env.nvrtc_defines()
+    first = compiler.compile_cubin(guarded, extra_options=("-DRAWFLUX_TEST_FLAG=7",), **kw)
+    other = compiler.compile_cubin(guarded, extra_options=("-DRAWFLUX_TEST_FLAG=7", "-DRAWFLUX_OTHER"), **kw)
+    assert first.cubin and other.key != first.key  # an option is part of the cache key
 
 
 def test_disk_cache_can_be_disabled(src, monkeypatch):
@@ -370,6 +360,20 @@ def test_check_on_registered_dummy_variants(src, monkeypatch):
     assert len(rows) == 2 and len(problems) == 1
     assert "rawflux::test_spill_kernel [sm_90a]" in problems[0] and "spill" in problems[0]
     assert check_kernels.main(["--arch", "sm_90a"]) == 1
+
+
+def test_check_in_worker_processes_matches_one_process(src, monkeypatch):
+    """check_kernels' parallel path (spawned workers, which inherit RAWFLUX_CUDA_SRC and the cache)
+    reports the same rows and problems as compiling in this process."""
+    from rawflux import check_kernels
+
+    monkeypatch.setattr(registry, "_variants", [])
+    for s in range(1, 9):
+        jit.register("_test_tiny.cu", f"rawflux::test_tiny_scaled<{s}>", archs=("sm_90a",))
+    jit.register("_test_spill.cu", "rawflux::test_spill_kernel", archs=("sm_90a",), extra_options=("--maxrregcount=24",))
+    serial = check_kernels.check(jobs=1)
+    assert len(serial[0]) == 9 and len(serial[1]) == 1 and "spill" in serial[1][0]
+    assert check_kernels.check(jobs=2) == serial
 
 
 _STUB_IMPORT = """

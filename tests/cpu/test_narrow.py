@@ -1,4 +1,4 @@
-"""Narrow columns on the CPU (GemmConfig.narrow, tune.narrow_plan, NarrowSched in gemm/scheduler.cuh):
+"""Narrow columns on the CPU (Decomp narrow, tune.narrow_plan, NarrowSched in gemm/scheduler/narrow.cuh):
 the kernel's column map, ported, must cover [0, n) with columns that neither overlap nor start past
 n; every tile of the last wave must be a narrow one; the busiest cluster's columns, counted here
 from the ported tile order, must be the plan's and below the data-parallel grid's. Also params,
@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 
+import rawflux  # noqa: F401  (the op modules register their variants)
+from rawflux import engine as g
 from rawflux import tune
-from rawflux.ops import gemm as g
 from rawflux.runtime import DType
 from tests.cpu.sched_port import raster
 
@@ -25,7 +26,7 @@ def _cdiv(a, b):
 
 
 def col0(tile_n: int, narrow_from: int, bn: int, width: int) -> int:
-    """TileSchedT::col0 (scheduler.cuh), ported."""
+    """TileSchedT::col0 (gemm/scheduler/tile.cuh), ported."""
     return tile_n * bn if tile_n < narrow_from else narrow_from * bn + (tile_n - narrow_from) * width
 
 
@@ -35,7 +36,7 @@ def check_plan(m, n, cfg, sms):
     plan = tune.narrow_plan(m, n, cfg, sms)
     if plan is None:
         return None
-    cfg = replace(cfg, narrow=plan.width)
+    cfg = replace(cfg, decomp=tune.Decomp("narrow", plan.width))
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, m, n, 256, sms=sms, timeout_ns=1))
     tiles_m, tiles_n, narrow_from = p[3], p[4], p[16]
     assert (tiles_n, narrow_from) == (plan.columns, plan.narrow_from)
@@ -98,18 +99,16 @@ def test_tags_params_and_refusals():
     assert g.grid_size(cfg, 1024, 12288, 8192, 132) == 132
     with pytest.raises(ValueError, match="no narrow-column plan"):  # one wave: nothing to even out
         g.gemm_params(cfg, 256, 8192, 8192, sms=132)
-    common = (1024, 12288, 8192, DType.BF16, "nk", DType.BF16, 0, 0, "gemm.cu")
-    kn = (1024, 12288, 8192, DType.BF16, "kn", DType.BF16, 0, 0, "gemm.cu")
-    f32 = (1024, 12288, 8192, DType.BF16, "nk", DType.F32, 0, 0, "gemm.cu")
+    common = dict(b_layout="nk", out_dtype=DType.BF16, epilogue="rawflux::TmaStore")
     other = next(t for t in tune.TILES if t not in tune.NARROW_TILES)
-    for bad, args, epi, sched in ((replace(cfg, splits=2), common, "rawflux::TmaStore", g.PLAIN_SCHED),
-                                  (replace(cfg, stream_k=True), common, "rawflux::TmaStore", g.PLAIN_SCHED),
-                                  (replace(cfg, tile=other), common, "rawflux::TmaStore", g.PLAIN_SCHED),
-                                  (cfg, kn, "rawflux::TmaStore", g.PLAIN_SCHED),
-                                  (cfg, f32, "rawflux::LocalStore", g.PLAIN_SCHED),
-                                  (cfg, common, "rawflux::TmaStore", g.FUSED_SCHED)):
+    g.check_config(cfg, 1024, 12288, 8192, sched=g.PLAIN_SCHED, sms=132, **common)
+    for bad, kw, sched in ((replace(cfg, tile=other), common, g.PLAIN_SCHED),
+                           (cfg, dict(common, b_layout="kn"), g.PLAIN_SCHED),
+                           (cfg, dict(common, out_dtype=DType.F32, epilogue="rawflux::LocalStore"), g.PLAIN_SCHED)):
         with pytest.raises(ValueError, match="narrow columns are for the plain GEMM"):
-            g._plan(bad, *args, sched, "rawflux::NoWait", epi, 1, 0)
+            g.check_config(bad, 1024, 12288, 8192, sched=sched, sms=132, **kw)
+    with pytest.raises(ValueError, match="does not split k"):  # the fused ops' scheduler
+        g.check_config(cfg, 1024, 12288, 8192, sched=g.FUSED_SCHED, sms=132, **common)
 
 
 def test_narrow_variants_registered():
@@ -134,7 +133,7 @@ def test_heuristic_takes_narrow_columns_below_six_waves():
     assert not any(tune.heuristic(m, n, k, "nk", dev, 4).narrow or tune.heuristic(m, n, k, "kn", dev).narrow for (m, n, k) in narrow)
     # The model: the data-parallel time scaled by the busiest cluster's columns, plus NARROW_COST.
     c = picks[(2048, 8192, 8192)]
-    t_dp = tune.estimate_us(2048, 8192, 8192, replace(c, narrow=0), dev)
+    t_dp = tune.estimate_us(2048, 8192, 8192, replace(c, decomp=tune.DP), dev)
     assert tune.estimate_us(2048, 8192, 8192, c, dev) == pytest.approx(t_dp * (1000 / 1024 + tune.NARROW_COST))
 
 
@@ -143,5 +142,5 @@ def test_fused_ops_never_narrow():
 
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
-                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), narrow=232))
+                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("narrow", 232)))
     assert not plan.cfg.narrow

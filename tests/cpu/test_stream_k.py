@@ -1,4 +1,4 @@
-"""Stream-K on the CPU: a Python port of the kernel's scheduler (gemm/scheduler.cuh, TileSchedT)
+"""Stream-K on the CPU: a Python port of the kernel's scheduler (gemm/scheduler/tile.cuh, TileSchedT)
 walked for every cluster of the grid must cover every (tile, k block) exactly once, number each
 tile's pieces 0..splits-1 in k order, give each stream-K tile its own fix-up slot, and stay within
 the plan the host sizes the workspace by (tune.sk_plan). Also the host side: params, grid, tags,
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
+from rawflux import engine as g
 from rawflux import tune
-from rawflux.ops import gemm as g
 from rawflux.runtime import DType
 from tests.cpu.sched_port import raster
 
@@ -157,8 +157,9 @@ def _random_covers(seed, max_m, max_n8, tails, mode="tail"):
         t = rng.choice(SK_TILES)
         sms = rng.choice([132, 114, 78, 16, 7, 2])
         m, n, k = rng.randint(1, max_m), 8 * rng.randint(1, max_n8), 8 * rng.randint(1, 2000)
-        cfg = tune.GemmConfig(t, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5, ctas=rng.choice([0, 0, 5, 40]),
-                              stream_k=True, **{mode: rng.choice(tails)})
+        v = rng.choice(tails)
+        cfg = tune.GemmConfig(t, tune.Decomp(mode, v) if v else tune.STREAM_K, group=rng.choice([1, 3, 8]), raster_n=rng.random() < 0.5,
+                              ctas=rng.choice([0, 0, 5, 40]))
         if t.cluster_size > min(cfg.ctas or sms, sms):
             continue
         p = check_cover(m, n, k, cfg, sms)
@@ -175,30 +176,30 @@ def test_split_k_still_covers():
     for _ in range(100):
         t = rng.choice(list(tune.TILES))
         m, n, k = rng.randint(1, 2000), 8 * rng.randint(1, 600), 8 * rng.randint(1, 1500)
-        cfg = tune.GemmConfig(t, splits=rng.randint(1, 6), group=rng.choice([1, 8]), raster_n=rng.random() < 0.5)
+        cfg = tune.GemmConfig(t, tune.Decomp.split_k(rng.randint(1, 6)), group=rng.choice([1, 8]), raster_n=rng.random() < 0.5)
         check_cover(m, n, k, cfg, 132)
 
 
 def test_sk_plan_shapes():
     t = next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 128, 1))
     # m = 128, n = 6144: 48 tiles on 132 SMs, all cut, 192 k blocks each: ~2.75 runs per tile.
-    sp = tune.sk_plan(128, 6144, 12288, tune.GemmConfig(t, stream_k=True), 132)
+    sp = tune.sk_plan(128, 6144, 12288, tune.GemmConfig(t, tune.STREAM_K), 132)
     assert (sp.clusters, sp.sk_tiles, sp.k_blocks) == (132, 48, 192) and sp.max_pieces in (3, 4)
     # Whole waves only: nothing to cut.
-    assert tune.sk_plan(256, 128 * 66, 4096, tune.GemmConfig(t, stream_k=True), 132).sk_tiles == 0
+    assert tune.sk_plan(256, 128 * 66, 4096, tune.GemmConfig(t, tune.STREAM_K), 132).sk_tiles == 0
     # W full waves + R: the last full wave and the partial one are cut (G + R tiles).
-    sp = tune.sk_plan(128 * 3, 128 * 100, 4096, tune.GemmConfig(t, stream_k=True), 132)
+    sp = tune.sk_plan(128 * 3, 128 * 100, 4096, tune.GemmConfig(t, tune.STREAM_K), 132)
     assert sp.sk_tiles == 132 + (300 - 264) and sp.clusters == 132
     # Fewer iterations than SMs: the grid shrinks so every cluster owns one.
-    sp = tune.sk_plan(100, 256, 64, tune.GemmConfig(t, stream_k=True), 132)
-    assert sp.sk_tiles == 2 and sp.clusters == 2 and g.grid_size(tune.GemmConfig(t, stream_k=True), 100, 256, 64, 132) == 2
+    sp = tune.sk_plan(100, 256, 64, tune.GemmConfig(t, tune.STREAM_K), 132)
+    assert sp.sk_tiles == 2 and sp.clusters == 2 and g.grid_size(tune.GemmConfig(t, tune.STREAM_K), 100, 256, 64, 132) == 2
     # Too many iterations for the kernel's 32-bit arithmetic: data-parallel instead.
-    assert tune.sk_plan(128, 128 * 100, 8 * 2**22, tune.GemmConfig(t, stream_k=True), 132).sk_tiles == 0
+    assert tune.sk_plan(128, 128 * 100, 8 * 2**22, tune.GemmConfig(t, tune.STREAM_K), 132).sk_tiles == 0
 
 
 def test_params_and_tags():
     t = next(t for t in SK_TILES if t.cluster_m == 2)
-    cfg = tune.GemmConfig(t, stream_k=True)
+    cfg = tune.GemmConfig(t, tune.STREAM_K)
     assert tune.parse_tag(cfg.tag()) == cfg and "/sk/" in cfg.tag()
     assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
     assert tune.GemmConfig.from_json({k: v for k, v in tune.GemmConfig(t).to_json().items() if k != "stream_k"}) == tune.GemmConfig(t)
@@ -206,21 +207,24 @@ def test_params_and_tags():
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 256, 6144, 12288, sms=132, timeout_ns=5))
     assert p[6] == sp.max_pieces and p[7] == p[5] == 192 and p[12] == sp.sk_tiles > 0 and p[20] == 5
     assert g.grid_size(cfg, 256, 6144, 12288, 132) == sp.clusters * 2
-    assert g.GEMM_PARAMS.unpack(g.gemm_params(tune.GemmConfig(t, splits=3), 256, 6144, 12288))[12] == 0
+    assert g.GEMM_PARAMS.unpack(g.gemm_params(tune.GemmConfig(t, tune.Decomp.split_k(3)), 256, 6144, 12288, sms=132))[12] == 0
 
 
 def test_bad_stream_k_configs_are_refused_before_any_launch():
     wide = next(t for t in tune.TILES if not t.stream_k_ok)
     t = SK_TILES[0]
-    common = (256, 1024, 1024, DType.BF16, "nk", DType.BF16, 0, 0, "gemm.cu")
+    common = dict(b_layout="nk", out_dtype=DType.BF16, epilogue="rawflux::TmaStore", sms=132)
     with pytest.raises(ValueError, match="stream-K takes"):
-        g._plan(tune.GemmConfig(wide, stream_k=True), *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
-    with pytest.raises(ValueError, match="stream-K takes"):
-        g._plan(tune.GemmConfig(t, splits=2, stream_k=True), *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+        g.check_config(tune.GemmConfig(wide, tune.STREAM_K), 256, 1024, 1024, sched=g.PLAIN_SCHED, **common)
+    g.check_config(tune.GemmConfig(t, tune.STREAM_K), 256, 1024, 1024, sched=g.PLAIN_SCHED, **common)
     with pytest.raises(ValueError, match="does not split k"):
-        g._plan(tune.GemmConfig(t, stream_k=True), *common, g.FUSED_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+        g.check_config(tune.GemmConfig(t, tune.STREAM_K), 256, 1024, 1024, sched=g.FUSED_SCHED, **common)
     with pytest.raises(ValueError, match="does not split k"):
-        g._plan(tune.GemmConfig(t, splits=2), *common, g.FUSED_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+        g.check_config(tune.GemmConfig(t, tune.Decomp.split_k(2)), 256, 1024, 1024, sched=g.FUSED_SCHED, **common)
+    # split-K with stream-K, a one-piece tail or band: not representable
+    for kind, n in (("split_k", 1), ("tail", 1), ("band", 1), ("stream_k", 2), ("dp", 3), ("narrow", 0), ("sk", 0)):
+        with pytest.raises(ValueError):
+            tune.Decomp(kind, n)
 
 
 def test_candidates_offer_stream_k_only_where_it_cuts():
@@ -242,7 +246,7 @@ def test_fused_ops_never_stream_k():
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(1024, n=1024, k=4096, dtype=DType.BF16,
                         b_layout="nk", partials="bf16", rank=0, world=2, dev=dev, gemm_ctas=120, reduce_ctas=12, tiles_cap=4096,
-                        config=tune.GemmConfig(t, stream_k=True))
+                        config=tune.GemmConfig(t, tune.STREAM_K))
     assert not plan.cfg.stream_k and plan.cfg.splits == 1
 
 
@@ -255,7 +259,7 @@ def test_split_tail_rounds_share_k_offsets():
     clusters run at most two k offsets (the L2 reuse stream-K's runs lose)."""
     t = next(t for t in SK_TILES if (t.bm, t.bn, t.cluster_m) == (128, 256, 2))
     m, n, k = 4096, 12288, 6144  # 768 pair tiles on 66 clusters: 11 waves + 42
-    cfg = tune.GemmConfig(t, stream_k=True, tail=3)
+    cfg = tune.GemmConfig(t, tune.Decomp("tail", 3))
     sp = tune.sk_plan(m, n, k, cfg, 132)
     assert (sp.clusters, sp.sk_tiles, sp.tail, sp.max_pieces, sp.k_blocks) == (66, 42, 3, 3, 96)
     pieces, p = walk(m, n, k, cfg, 132)
@@ -273,15 +277,15 @@ def test_split_tail_rounds_share_k_offsets():
             rounds.setdefault(r, set()).add(u[:2])
     assert rounds == {0: {(0, 32), (32, 64)}, 1: {(32, 64), (64, 96)}}
     # Whole waves only, or one piece per tile: data-parallel.
-    assert tune.sk_plan(256 * 66, 256, 4096, replace(cfg, tail=3), 132).sk_tiles == 0
+    assert tune.sk_plan(256 * 66, 256, 4096, cfg, 132).sk_tiles == 0
     assert tune.sk_plan(4096, 12288, 64, cfg, 132).sk_tiles == 0
     with pytest.raises(ValueError):
-        tune.sk_plan(m, n, k, replace(cfg, tail=1), 132)
+        replace(cfg, decomp=tune.Decomp("tail", 1))
 
 
 def test_split_tail_tags_and_params():
     t = next(t for t in SK_TILES if t.cluster_m == 2)
-    cfg = tune.GemmConfig(t, stream_k=True, tail=4)
+    cfg = tune.GemmConfig(t, tune.Decomp("tail", 4))
     assert "/t4/" in cfg.tag() and tune.parse_tag(cfg.tag()) == cfg
     assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ValueError):
@@ -312,7 +316,7 @@ def test_band_members_run_side_by_side():
     (splitk_fixup's cheap path)."""
     t = _pair()
     m, n, k = 4096, 8192, 8192
-    cfg = tune.GemmConfig(t, stream_k=True, band=8)
+    cfg = tune.GemmConfig(t, tune.Decomp("band", 8))
     sp = tune.sk_plan(m, n, k, cfg, 132)
     # 4 data-parallel waves (264 = 33 columns of 8), then 248 tiles (31 stacks) in 8 bands + 2 left
     assert (sp.clusters, sp.sk_tiles, sp.band, sp.max_pieces, sp.k_blocks) == (66, 248, 8, 2, 128)
@@ -340,7 +344,7 @@ def test_band_members_run_side_by_side():
 
 def test_band_plan_limits():
     t = _pair()
-    cfg = tune.GemmConfig(t, stream_k=True, band=4)
+    cfg = tune.GemmConfig(t, tune.Decomp("band", 4))
     # m = 1024: one partial wave only (128 tiles): every tile is in the line; 2 clusters left over.
     sp = tune.sk_plan(1024, 8192, 8192, cfg, 132)
     assert (sp.sk_tiles, sp.band) == (128, 4)
@@ -349,25 +353,26 @@ def test_band_plan_limits():
     assert tune.sk_plan(256 * 66, 256, 4096, cfg, 132).sk_tiles == 0
     assert tune.sk_plan(768, 7936, 8192, cfg, 132).sk_tiles == 0  # 3 x 31 tiles
     assert tune.sk_plan(1024, 8192, 8192, replace(cfg, ctas=6), 132).sk_tiles == 0  # G = 3 < 4
-    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, band=8, ctas=22), 132).sk_tiles == 0  # 11 = 8 + 3; 3 does not divide 8
-    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, band=8, ctas=20), 132).sk_tiles == 128 - 80  # 10 = 8 + 2 (4 passes); 8 whole waves
+    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, decomp=tune.Decomp("band", 8), ctas=22), 132).sk_tiles == 0  # 11 = 8 + 3; 3 does not divide 8
+    assert tune.sk_plan(1024, 8192, 8192, replace(cfg, decomp=tune.Decomp("band", 8), ctas=20), 132).sk_tiles == 128 - 80  # 10 = 8 + 2 (4 passes); 8 whole waves
     with pytest.raises(ValueError, match="at least 2"):
         tune.parse_tag(cfg.tag().replace("/b4/", "/b1/"))
 
 
 def test_band_tags_params_and_refusals():
     t = _pair()
-    cfg = tune.GemmConfig(t, stream_k=True, band=8)
+    cfg = tune.GemmConfig(t, tune.Decomp("band", 8))
     assert "/b8/" in cfg.tag() and tune.parse_tag(cfg.tag()) == cfg
     assert tune.GemmConfig.from_json(cfg.to_json()) == cfg
     sp = tune.sk_plan(4096, 8192, 8192, cfg, 132)
     p = g.GEMM_PARAMS.unpack(g.gemm_params(cfg, 4096, 8192, 8192, sms=132, timeout_ns=5))
     assert p[12] == sp.sk_tiles == 248 and p[15] == -8 and p[6] == sp.max_pieces == 2 and p[7] == p[5] == 128
     assert g.grid_size(cfg, 4096, 8192, 8192, 132) == 132
-    common = (4096, 8192, 8192, DType.BF16, "nk", DType.BF16, 0, 0, "gemm.cu")
-    for bad in (replace(cfg, stream_k=False), replace(cfg, tail=3), replace(cfg, band=1)):
-        with pytest.raises(ValueError, match="banded stream-K"):
-            g._plan(bad, *common, g.PLAIN_SCHED, "rawflux::NoWait", "rawflux::TmaStore", 1, 0)
+    with pytest.raises(ValueError, match="at least 2"):
+        tune.Decomp("band", 1)
+    with pytest.raises(ValueError, match="does not split k"):
+        g.check_config(cfg, 4096, 8192, 8192, sched=g.FUSED_SCHED, b_layout="nk", out_dtype=DType.BF16, epilogue="rawflux::TmaStore",
+                       sms=132)
 
 
 def test_heuristic_cuts_bands_from_six_waves_on_the_pair():
@@ -392,5 +397,5 @@ def test_fused_ops_never_band():
 
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
-                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), stream_k=True, band=8))
+                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("band", 8)))
     assert not plan.cfg.stream_k and not plan.cfg.band

@@ -610,7 +610,7 @@ def checks(ctx: Ctx):
         out.append((f"bitwise[{tag},nk]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (256, 64, 128))))
         out.append((f"bitwise[{tag},kn,bias]", lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (192,), with_bias=True)))
         out.append((f"bitwise[{tag},odd_m]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", ODD_M_LOCAL)))
-        # 128x96 (session 11): 48 columns per warpgroup, stored from registers; ragged n
+        # 128x96: 48 columns per warpgroup, stored from registers; ragged n
         out.append((f"bitwise[{tag},tile128x96]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (65, 128), n=232, tile=(128, 96))))
     out.append(("accuracy", check_accuracy))
     if ctx.world > 1:

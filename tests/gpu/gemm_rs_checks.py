@@ -180,10 +180,10 @@ CORRECT_CASES = [
     ("correct.f16_kn_f16p", 64, 512, 256, "kn", "f16", "f16", "f32", None),
     ("correct.cluster_tile", 256, 1024, 512, "nk", "bf16", "fp32", None, (128, 256, 2)),
     ("correct.tile64x128", 96, 640, 192, "nk", "f16", "fp32", "in", (64, 128, 1)),
-    # 128x224 (session 9): 224 columns per warpgroup, not whole 64-column boxes; ragged n
+    # 128x224: 224 columns per warpgroup, not whole 64-column boxes; ragged n
     ("correct.tile128x224", 160, 1000, 256, "nk", "bf16", "fp32", "in", (128, 224, 2)),
     ("correct.tile128x224_bf16p", 72, 680, 136, "nk", "bf16", "bf16", None, (128, 224, 2)),
-    # 128x96 (session 11): 48 columns per warpgroup; ragged n
+    # 128x96: 48 columns per warpgroup; ragged n
     ("correct.tile128x96", 136, 1000, 256, "nk", "bf16", "fp32", "in", (128, 96, 1)),
     ("correct.tile128x96_f16p", 40, 584, 136, "nk", "f16", "f16", None, (128, 96, 1)),
 ]
@@ -546,7 +546,7 @@ def check_perf(g, comm) -> list[Check]:
     W = g.world
     n, k = 8192, 4096 // max(1, W) * 2
     # On the emulated node (ranks sharing one GPU under MPS) a batch of fused calls at world 2 now
-    # and then stalls for 12-36 s and then runs on at full speed (session 21: 3 of 8 runs failed
+    # and then stalls for 12-36 s and then runs on at full speed (3 of 8 runs failed
     # with the 10 s wait timeout; BENCHMARKS.md). The likely cause is the ranks' kernels competing
     # for one GPU's SMs; separate GPUs are not checked yet. There, and only there, this
     # information-only timing waits up to 60 s and says when a batch stalled. The correctness
@@ -571,7 +571,7 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
 
     out_checks = []
     # GEMM_RS_PERF_TRACE=1: each rank prints its host time at each step (the world-2 perf timeouts
-    # on the emulated node, BENCHMARKS.md "Session 21").
+    # on the emulated node).
     trace_t0 = time.monotonic()
 
     def trace(what: str) -> None:
@@ -602,7 +602,7 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
                 # Every rank past its first-use compiles before the timing: on a fresh JIT cache
                 # the local GEMM's compile above ends at different times on different ranks, and
                 # a rank that starts its batch first has its fused calls wait for the later one
-                # (session 22, two real GPUs: a first batch at 34-37 ms per call, first run only).
+                # (two real GPUs: a first batch at 34-37 ms per call, first run only).
                 comm.Barrier()
                 slow = []
                 t_rs = _batch_us(lambda: op(a, b, out=out, stream=s), s, slowest=slow)

@@ -31,10 +31,10 @@ def main(only: str = "") -> int:
         else:
             cfgs = [tune.GemmConfig(t, ctas=2 * t.cluster_size)]
         if t.cluster_k == 1 and t.stream_k_ok and t.bn in (128, 256) and t.bm == 128:  # a cluster tile and a plain one: the sanitizer is slow
-            cfgs += [tune.GemmConfig(t, splits=3), tune.GemmConfig(t, stream_k=True),
-                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True),
-                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True, tail=3),  # a split tail after whole waves
-                     tune.GemmConfig(t, ctas=5 * t.cluster_size, stream_k=True, band=2)]  # bands of 2 and a leftover cluster
+            cfgs += [tune.GemmConfig(t, tune.Decomp.split_k(3)), tune.GemmConfig(t, tune.STREAM_K),
+                     tune.GemmConfig(t, tune.STREAM_K, ctas=5 * t.cluster_size),
+                     tune.GemmConfig(t, tune.Decomp("tail", 3), ctas=5 * t.cluster_size),  # a split tail after whole waves
+                     tune.GemmConfig(t, tune.Decomp("band", 2), ctas=5 * t.cluster_size)]  # bands of 2 and a leftover cluster
         for cfg in cfgs:
             out = cupy.full((m, n), cupy.nan, dtype=cupy.float16)
             g.gemm(a, w, out=out, config=cfg)
@@ -51,7 +51,7 @@ def main(only: str = "") -> int:
         w = rs.standard_normal((n, k), dtype=cupy.float32).astype(cupy.float16)
         base = tune.GemmConfig(t, ctas=10 * t.cluster_size)
         plan = tune.narrow_plan(m, n, base, cupy.cuda.Device().attributes["MultiProcessorCount"])
-        cfg = replace(base, narrow=plan.width)
+        cfg = replace(base, decomp=tune.Decomp("narrow", plan.width))
         out = g.gemm(a, w, out=cupy.full((m, n), cupy.nan, dtype=cupy.float16), config=cfg)
         ref = g.gemm(a, w, config=base)
         diff = int(cupy.count_nonzero(out.view(cupy.uint16) != ref.view(cupy.uint16)))

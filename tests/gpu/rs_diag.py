@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 import rawflux
-from rawflux.ops import gemm as G
+from rawflux.engine import planning
 from rawflux.ops import gemm_rs as R
 
 variant = sys.argv[1] if len(sys.argv) > 1 else "normal"
@@ -26,11 +26,11 @@ print(f"[{r}] variant={variant} cfg={p.cfg} reduce_grid={p.reduce_grid} tail_gri
       f"sms={op.dev.sms} tiles_n={p.tiles_n} seg_start={p.seg_start} epoch_ptr={op.epoch_ptr:#x}", flush=True)
 s = cp.cuda.Stream(non_blocking=True)
 ev_gemm = cp.cuda.Event(disable_timing=True)
-orig_gemm, orig_reduce = G.launch_gemm, R._launch_reduce
+orig_gemm, orig_reduce = planning.GemmPlan.launch, R._launch_reduce
 
 
-def gemm_wrap(*args, **kw):
-    orig_gemm(*args, **kw)
+def gemm_wrap(self, *args, **kw):
+    orig_gemm(self, *args, **kw)
     cp.cuda.runtime.eventRecord(ev_gemm.ptr, kw["stream"])
 
 
@@ -40,7 +40,7 @@ def reduce_wrap(kernel, grid, stream, params):
     orig_reduce(kernel, grid, stream, params)
 
 
-G.launch_gemm = gemm_wrap
+planning.GemmPlan.launch = gemm_wrap
 R._launch_reduce = reduce_wrap
 out = op(a, b, stream=s.ptr)
 t0 = time.time()

@@ -1,7 +1,7 @@
 """Does cudaMalloc sub-allocate small buffers on this machine? Six allocations of each size, each
 shown as (offset from its block's base / block size) by cuMemGetAddressRange. rawflux's symmetric
 buffers no longer depend on the answer (rawflux/dist/symm.py sends the offset and takes whole
-2 MiB blocks), but session 10's false CallMismatch at world 2 fits sub-allocation, so
+2 MiB blocks), but a false CallMismatch once seen at world 2 fits sub-allocation, so
 `launch/gpu_suite.sh env` records it on every loan."""
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def test_every_tile_config(rf):
             if not t.supports(layout):
                 continue
             for splits in (1, 3):
-                cfg = tune.GemmConfig(t, splits=splits, group=3, raster_n=bool(splits == 3))
+                cfg = tune.GemmConfig(t, tune.Decomp.split_k(splits), group=3, raster_n=bool(splits == 3))
                 check(rf, 300, 968, 1544, layout=layout, config=cfg)
                 check(rf, 5, 520, 4104, layout=layout, config=cfg, dtype="f16", out_dtype="f32")
 
@@ -186,7 +186,8 @@ def _cut_tiles_every_tile(rf, cases, seed, f32_case, require_cut, mode="tail"):
             if not t.supports(layout):
                 continue
             for i, (m, n, k, grids, v) in enumerate(cases):
-                cfgs = [tune.GemmConfig(t, group=2, raster_n=bool(i % 2), ctas=c, stream_k=True, **{mode: v}) for c in grids]
+                decomp = tune.Decomp(mode, v) if v else tune.STREAM_K
+                cfgs = [tune.GemmConfig(t, decomp, group=2, raster_n=bool(i % 2), ctas=c) for c in grids]
                 cfg = next((c for c in cfgs if tune.sk_plan(m, n, k, c, sms).sk_tiles > 0), None)
                 if cfg is None:
                     assert not require_cut, f"{t.tag()} {(m, n, k, grids)}: no grid cuts a tile (a test that checks nothing)"
@@ -230,7 +231,7 @@ def test_split_tail_every_tile(rf):
     # Each case cut a tile for some tile shape (else the test checks nothing).
     t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
     for m, n, k, grids, pieces in SPLIT_TAIL_CASES:
-        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, ctas=c, stream_k=True, tail=pieces), sms).sk_tiles for c in grids)
+        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, tune.Decomp("tail", pieces), ctas=c), sms).sk_tiles for c in grids)
 
 
 BAND_CASES = [
@@ -260,7 +261,7 @@ NARROW_CASES = [
 
 
 def test_narrow_columns(rf):
-    """Narrow columns (GemmConfig.narrow): the 128x256 pair's last-wave tiles narrower. Against
+    """Narrow columns (Decomp narrow): the 128x256 pair's last-wave tiles narrower. Against
     float64 (poisoned output, so every element is written), and bit for bit the data-parallel
     pair's output on the same inputs (the same k order per element; a narrow tile's last box,
     moved to end at its width, writes nothing of the next column's)."""
@@ -272,11 +273,11 @@ def test_narrow_columns(rf):
     t = tune.NARROW_TILES[0]
     widths = set()
     for i, (m, n, k, ctas, dtype, bias) in enumerate(NARROW_CASES):
-        base = tune.GemmConfig(t, 1, 8, -(-m // t.bm) > -(-n // t.bn), ctas=ctas)
+        base = tune.GemmConfig(t, tune.DP, 8, -(-m // t.bm) > -(-n // t.bn), ctas=ctas)
         plan = tune.narrow_plan(m, n, base, sms)
         assert plan is not None, f"{(m, n, ctas)}: no narrow plan on {sms} SMs (a test that checks nothing)"
         widths.add(plan.width)
-        cfg = replace(base, narrow=plan.width)
+        cfg = replace(base, decomp=tune.Decomp("narrow", plan.width))
         check(rf, m, n, k, config=cfg, dtype=dtype, bias=bias)
         a = _rand((m, k), dtype, 700 + 3 * i)
         w = _rand((n, k), dtype, 701 + 3 * i)
@@ -298,12 +299,12 @@ def test_band_stream_k_every_tile(rf):
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     t = next(t for t in tune.TILES if t.stream_k_ok and t.cluster_m == 2 and t.bn == 256)
     for m, n, k, grids, band in BAND_CASES:
-        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, ctas=c, stream_k=True, band=band), sms).sk_tiles for c in grids)
+        assert any(tune.sk_plan(m, n, k, tune.GemmConfig(t, tune.Decomp("band", band), ctas=c), sms).sk_tiles for c in grids)
 
 
 def test_few_ctas_and_rotation(rf):
     """Persistent CTAs walking many tiles each, and the row-block rotation the fused ops use."""
-    from rawflux import tune
+    from rawflux import engine, tune
     from rawflux.runtime import DType
 
     t = next(iter(tune.TILES))
@@ -315,9 +316,10 @@ def test_few_ctas_and_rotation(rf):
     for seg_count, seg_start in ((4, 1), (4, 3), (8, 5)):
         out = _poisoned((m, n), "bf16")
         cfg = tune.GemmConfig(t)
-        rf.launch_gemm(cfg, a_ptr=a.data.ptr, b_ptr=w.data.ptr, m=m, n=n, k=k, dtype=DType.BF16, b_layout="nk",
-                       out_dtype=DType.BF16, epilogue_params=rf.local_store_params(out.data.ptr, n),
-                       stream=cupy.cuda.get_current_stream().ptr, device_id=0, seg_count=seg_count, seg_start=seg_start)
+        s = cupy.cuda.get_current_stream().ptr
+        plan = engine.plan(cfg, m, n, k, dtype=DType.BF16, b_layout="nk", out_dtype=DType.BF16, device_id=0, stream=s,
+                           sched=engine.FUSED_SCHED, epilogue=engine.LOCAL_STORE_EPI, seg_count=seg_count, seg_start=seg_start)
+        plan.launch(a.data.ptr, w.data.ptr, lda=k, ldb=k, stream=s, epilogue_params=engine.local_store_params(out.data.ptr, n))
         cupy.cuda.get_current_stream().synchronize()
         assert int(cupy.count_nonzero(cupy.isnan(_f64(out)))) == 0
         assert _rel(out, ref) < 1e-2
@@ -329,7 +331,7 @@ def test_split_k_repeat_is_deterministic(rf):
     from rawflux import tune
 
     t = next(t for t in tune.TILES if t.bm == 64)
-    cfg = tune.GemmConfig(t, splits=5)
+    cfg = tune.GemmConfig(t, tune.Decomp.split_k(5))
     a = _rand((64, 8192), "bf16", 3)
     w = _rand((1024, 8192), "bf16", 4)
     first = rf.gemm(a, w, config=cfg)
@@ -357,16 +359,16 @@ def test_ksplit_cluster_matches_split_k(rf):
             w = _rand((n, k), "bf16", seed + 1)
             b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
             mine = rf.gemm(a, b, b_layout=layout, config=cfg)
-            split = rf.gemm(a, b, b_layout=layout, config=tune.GemmConfig(plain, splits=2))
+            split = rf.gemm(a, b, b_layout=layout, config=tune.GemmConfig(plain, tune.Decomp.split_k(2)))
             assert bool(cupy.all(mine.view(cupy.uint16) == split.view(cupy.uint16))), f"{t.tag()} {layout}: not split-K k2's bits"
     # The model picks one at m = 128, n = 6144, k = 12288 on a full H100/H200 (132 SMs), so
     # test_grid_bf16_nk checks a default k-split call against float64 there (at n = k = 8192 since
-    # session 13's model: 64x128, measured faster).
-    from rawflux.ops import gemm as g
+    # the model of 2026-11-30: 64x128, measured faster).
+    from rawflux import engine
     from rawflux.runtime import DType
 
     if tune.device_info(0).sms >= 128:
-        assert g.pick_config(128, 6144, 12288, DType.BF16, "nk", DType.BF16, 0).tile in tune.KSPLIT_TILES
+        assert engine.pick_config(128, 6144, 12288, DType.BF16, "nk", DType.BF16, 0).tile in tune.KSPLIT_TILES
 
 
 def test_allocating_path_and_torch(rf):
@@ -455,7 +457,7 @@ def test_tma_store_matches_register_path_and_stays_in_bounds(rf):
                 w = _rand((n, k), dtype, seed + 1)
                 b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
                 bvec = _rand((n,), dtype, seed + 2)
-                cfg = tune.GemmConfig(t, splits=splits, group=2, ctas=ctas, stream_k=sk)
+                cfg = tune.GemmConfig(t, tune.STREAM_K if sk else tune.Decomp.split_k(splits), group=2, ctas=ctas)
                 big = _poisoned((m + 5, n), dtype)
                 out = big[2:2 + m]
                 rf.gemm(a, b, b_layout=layout, bias=bvec, out=out, config=cfg)
@@ -478,9 +480,10 @@ def test_short_a_box_matches_full_box(rf, monkeypatch):
     bits equal the full (zero-filled) box's for every tile, split-K and k-split cluster included,
     and C matches float64 with the output poisoned."""
     from rawflux import tune
+    from rawflux.engine import planning
 
-    cfgs = [tune.GemmConfig(t, s, 8, False) for t in tune.TILES for s in (1, 2)]
-    cfgs += [tune.GemmConfig(t, 1, 8, False) for t in tune.KSPLIT_TILES]
+    cfgs = [tune.GemmConfig(t, tune.Decomp.split_k(s), 8, False) for t in tune.TILES for s in (1, 2)]
+    cfgs += [tune.GemmConfig(t, tune.DP, 8, False) for t in tune.KSPLIT_TILES]
     for m in (1, 13, 40):
         n, k = 384, 1096
         seed = random.randrange(1 << 30)
@@ -489,12 +492,12 @@ def test_short_a_box_matches_full_box(rf, monkeypatch):
         for cfg in cfgs:
             if m >= cfg.tile.bm // cfg.tile.cluster_n:
                 continue
-            assert rf.a_box_rows(cfg.tile, m) == -(-m // 8) * 8
+            assert tune.a_box_rows(cfg.tile, m) == -(-m // 8) * 8
             cut = _poisoned((m, n), "bf16")
             rf.gemm(a, w, out=cut, config=cfg)
-            full_cfg = tune.GemmConfig(cfg.tile, cfg.splits, cfg.group, cfg.raster_n, ctas=1024)  # its own cached plan
+            full_cfg = tune.GemmConfig(cfg.tile, cfg.decomp, cfg.group, cfg.raster_n, ctas=1024)  # its own cached plan
             with monkeypatch.context() as mp:
-                mp.setattr(rf, "a_box_rows", lambda t, m_: t.bm // t.cluster_n)
+                mp.setattr(planning, "a_box_rows", lambda t, m_: t.bm // t.cluster_n)
                 full = _poisoned((m, n), "bf16")
                 rf.gemm(a, w, out=full, config=full_cfg)
             assert cupy.array_equal(cut.view(cupy.uint16), full.view(cupy.uint16)), (m, cfg.tag())
@@ -509,15 +512,16 @@ def test_tail_a_box_matches_full_box(rf, monkeypatch):
     the bits equal the full box's for every tile, split-K, stream-K and k-split cluster, C matches
     float64 with the output poisoned, and the rows around C stay untouched."""
     from rawflux import tune
+    from rawflux.engine import planning
 
-    cfgs = [tune.GemmConfig(t, s, 2, False) for t in tune.TILES for s in (1, 3)]
-    cfgs += [tune.GemmConfig(t, 1, 2, False, stream_k=True) for t in tune.TILES if t.stream_k_ok]
-    cfgs += [tune.GemmConfig(t, 1, 8, False) for t in tune.KSPLIT_TILES]
+    cfgs = [tune.GemmConfig(t, tune.Decomp.split_k(s), 2, False) for t in tune.TILES for s in (1, 3)]
+    cfgs += [tune.GemmConfig(t, tune.STREAM_K, 2, False) for t in tune.TILES if t.stream_k_ok]
+    cfgs += [tune.GemmConfig(t, tune.DP, 8, False) for t in tune.KSPLIT_TILES]
     for cfg in cfgs:
         t = cfg.tile
         for m in (t.bm + 1, 2 * t.bm + 37, 3 * t.bm - 5, 3 * t.bm, 40):
             n, k = 2 * t.bn + 40, 520
-            rows = rf.a_tail_rows(t, m)
+            rows = tune.a_tail_rows(t, m)
             if m % t.bm and m > t.bm:
                 assert rows == -(-(m % t.bm) // 8) * 8, (t.tag(), m, rows)
             elif rows == 0:
@@ -527,9 +531,9 @@ def test_tail_a_box_matches_full_box(rf, monkeypatch):
             big = _poisoned((m + 4, n), "bf16")
             cut = big[2:2 + m]
             rf.gemm(a, w, out=cut, config=cfg)
-            full_cfg = tune.GemmConfig(t, cfg.splits, cfg.group, cfg.raster_n, ctas=1024, stream_k=cfg.stream_k)  # its own plan
+            full_cfg = tune.GemmConfig(t, cfg.decomp, cfg.group, cfg.raster_n, ctas=1024)  # its own plan
             with monkeypatch.context() as mp:
-                mp.setattr(rf, "a_tail_rows", lambda t_, m_: 0)
+                mp.setattr(planning, "a_tail_rows", lambda t_, m_: 0)
                 full = _poisoned((m, n), "bf16")
                 rf.gemm(a, w, out=full, config=full_cfg)
             cupy.cuda.get_current_stream().synchronize()
@@ -540,42 +544,36 @@ def test_tail_a_box_matches_full_box(rf, monkeypatch):
             assert _rel(cut, _f64(a) @ _f64(w).T) < 1e-2, (m, cfg.tag())
 
 
-def test_consumer_refill_matches_producer_bits(rf, monkeypatch):
-    """The consumer refill (RAWFLUX_REFILL, on by default in the wide tiles) changes which warp issues
-    a stage's loads, not the math: the output bits equal the producer-only build's
-    (RAWFLUX_REFILL=0) for the 2x1 pair and the tile without cluster, both layouts, ragged m and n,
-    split-K, stream-K and several tiles per CTA, and C matches float64 with the output poisoned."""
-    from rawflux import tune
-    from rawflux.jit import kernel as jit_kernel
+def test_consumer_refill_matches_producer_bits(rf):
+    """The consumer refill (GemmCfg::kRefill, the host's choice for the wide tiles) changes which
+    warp issues a stage's loads, not the math: the output bits equal those of the same variant built
+    without it (KernelOptions refill off) for the 2x1 pair and the tile without cluster, both
+    layouts, ragged m and n, split-K, stream-K and several tiles per CTA, and C matches float64
+    with the output poisoned."""
+    from dataclasses import replace
 
-    cases = [("128x256x64s4c2x1w2", "nk", dict(ctas=6)), ("128x256x64s4c2x1w2", "kn", dict(stream_k=True)),
-             ("128x256x64s4c1w2", "nk", dict(splits=3)), ("128x320x64s4c2x1w2", "nk", dict(ctas=4))]
-    inputs = []
-    for tag, layout, kw in cases:
+    from rawflux import engine, tune
+    from rawflux.runtime import DType
+
+    cases = [("128x256x64s4c2x1w2", "nk", tune.DP, 6), ("128x256x64s4c2x1w2", "kn", tune.STREAM_K, 0),
+             ("128x256x64s4c1w2", "nk", tune.Decomp.split_k(3), 0), ("128x320x64s4c2x1w2", "nk", tune.DP, 4)]
+    s = cupy.cuda.get_current_stream().ptr
+    for tag, layout, decomp, ctas in cases:
         t = tune.parse_tag(tag + "/k1/g8m/p0").tile
         m, n, k = 3 * t.bm + 45, 4 * t.bn + 40, 64 * 23  # 23 k blocks: several refill rounds, a partial one
         seed = random.randrange(1 << 30)
         a, w = _rand((m, k), "bf16", seed), _rand((n, k), "bf16", seed + 1)
-        cfg = tune.GemmConfig(t, kw.get("splits", 1), 2, False, ctas=kw.get("ctas", 0), stream_k=kw.get("stream_k", False))
-        inputs.append((cfg, layout, a, w))
-
-    def run_all():
+        b = w if layout == "nk" else cupy.ascontiguousarray(w.T)
+        cfg = tune.GemmConfig(t, decomp, 2, False, ctas=ctas)
+        opts = engine.kernel_options(t, engine.NOWAIT, engine.TMA_STORE_EPI, DType.BF16)
+        assert opts.refill, tag
         outs = []
-        for cfg, layout, a, w in inputs:
-            out = _poisoned((a.shape[0], w.shape[0]), "bf16")
-            rf.gemm(a, w if layout == "nk" else cupy.ascontiguousarray(w.T), b_layout=layout, out=out, config=cfg)
+        for o in (opts, replace(opts, refill=False)):
+            out = _poisoned((m, n), "bf16")
+            plan = engine.plan(cfg, m, n, k, dtype=DType.BF16, b_layout=layout, out_dtype=DType.BF16, device_id=0, stream=s, options=o)
+            epi = engine.epilogue_params(engine.TMA_STORE_EPI, out.data.ptr, m, n, n, DType.BF16)
+            plan.launch(a.data.ptr, b.data.ptr, lda=k, ldb=b.shape[1], stream=s, epilogue_params=epi)
             outs.append(out)
         cupy.cuda.get_current_stream().synchronize()
-        return outs
-
-    refilled = run_all()
-    with monkeypatch.context() as mp:  # a fresh process's view: the producer-only build, compiled and planned anew
-        mp.setenv("RAWFLUX_NVRTC_DEFINES", "RAWFLUX_REFILL=0")
-        mp.setattr(jit_kernel, "_kernels", {})
-        mp.setattr(rf, "_plans", {})
-        mp.setattr(rf, "_fast", {})
-        produced = run_all()
-        assert len(jit_kernel._kernels) >= 1  # loaded anew, compiled with the define (the disk cache keys on it)
-    for (cfg, layout, a, w), x, y in zip(inputs, refilled, produced):
-        assert cupy.array_equal(x.view(cupy.uint16), y.view(cupy.uint16)), (cfg.tag(), layout)
-        assert _rel(x, _f64(a) @ _f64(w).T) < 1e-2, (cfg.tag(), layout)
+        assert cupy.array_equal(outs[0].view(cupy.uint16), outs[1].view(cupy.uint16)), (cfg.tag(), layout)
+        assert _rel(outs[0], _f64(a) @ _f64(w).T) < 1e-2, (cfg.tag(), layout)

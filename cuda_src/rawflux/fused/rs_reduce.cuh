@@ -19,7 +19,7 @@
 #include "rawflux/comm/wait.cuh"
 #include "rawflux/fused/ag_meta.cuh"
 #include "rawflux/fused/rs_layout.cuh"
-#include "rawflux/gemm/epilogue.cuh"
+#include "rawflux/gemm/epilogue/fragment.cuh"
 #include "rawflux/ptx/cvt.cuh"
 
 namespace rawflux {

@@ -16,7 +16,7 @@
 #pragma once
 #include "rawflux/comm/signal.cuh"
 #include "rawflux/fused/rs_layout.cuh"
-#include "rawflux/gemm/epilogue.cuh"
+#include "rawflux/gemm/epilogue/fragment.cuh"
 #include "rawflux/gemm/policies.cuh"
 
 namespace rawflux {
@@ -82,6 +82,7 @@ struct ScatterStore {
     i32 world;
   };
   static constexpr bool kTileBarrier = true;
+  static constexpr bool kDeferrable = false;
   static constexpr int kPartBytes = kPart == kRsPartF32 ? 4 : 2;
 
   template <class Cfg>

@@ -6,8 +6,7 @@
 #pragma once
 
 #include "rawflux/fused/ag_gemm.cuh"
-#include "rawflux/gemm/mainloop_sm90.cuh"
-#include "rawflux/gemm/policies.cuh"
+#include "rawflux/gemm/kernel.cuh"
 
 namespace rawflux {
 

@@ -1,5 +1,5 @@
-// Plain GEMM entry: rawflux::gemm_kernel<GemmCfg<...>, TileSched, NoWait, LocalStore>, instantiated by
-// NVRTC from the name expression rawflux/ops/gemm.py builds (one cubin per configuration).
+// Plain GEMM entry: rawflux::gemm_kernel<GemmCfg<...>, StreamKSched | NarrowSched<w>, NoWait,
+// TmaStore | LocalStore>, instantiated by NVRTC from the name expression rawflux/engine builds
+// (one cubin per configuration).
 #pragma once
-#include "rawflux/gemm/mainloop_sm90.cuh"
-#include "rawflux/gemm/policies.cuh"
+#include "rawflux/gemm/kernel.cuh"

@@ -6,5 +6,4 @@
 #pragma once
 #include "rawflux/fused/rs_reduce.cuh"
 #include "rawflux/fused/rs_scatter.cuh"
-#include "rawflux/gemm/mainloop_sm90.cuh"
-#include "rawflux/gemm/policies.cuh"
+#include "rawflux/gemm/kernel.cuh"

@@ -121,19 +121,6 @@ RAWFLUX_DEVICE bool mbar_try_wait(u32 bar_addr, u32 parity) {
   return ok != 0;
 }
 
-// The same check without suspending: returns at once (no hardware wait for the phase).
-RAWFLUX_DEVICE bool mbar_test_wait(u32 bar_addr, u32 parity) {
-  u32 ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar_addr), "r"(parity)
-      : "memory");  // acquire.cta, as mbar_try_wait's
-  return ok != 0;
-}
-
 // Waits for the phase of parity `parity` of the barrier at 32-bit shared address `addr` (the k
 // loop's form) to complete. Bounded: a pipeline that stops moving (a bug, never normal operation)
 // ends in a trap after timeout_ns instead of hanging the GPU; the clock is read only every 4096
@@ -251,16 +238,6 @@ RAWFLUX_DEVICE void st_cluster_v4f(u32 remote_addr, float a, float b, float c, f
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote_addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 
-RAWFLUX_DEVICE void st_cluster_u32(u32 remote_addr, u32 v) {
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote_addr), "r"(v) : "memory");
-}
-
-RAWFLUX_DEVICE u32 ld_shared_u32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-
 RAWFLUX_DEVICE void ld_shared_v4f(u32 addr, float& a, float& b, float& c, float& d) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "r"(addr) : "memory");
 }
@@ -268,17 +245,6 @@ RAWFLUX_DEVICE void ld_shared_v4f(u32 addr, float& a, float& b, float& c, float&
 // Named barrier over `count` threads (a multiple of 32); id 0 is __syncthreads'.
 RAWFLUX_DEVICE void named_barrier_sync(u32 id, u32 count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-// Named barrier with compile-time id and count (no registers held for them: the consumers' main
-// loop runs at the register limit). _arrive counts this warp in without waiting.
-template <u32 kId, u32 kCount>
-RAWFLUX_DEVICE void named_barrier_sync_c() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-template <u32 kId, u32 kCount>
-RAWFLUX_DEVICE void named_barrier_arrive_c() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 
 // Named barrier that also ORs a predicate over the participating threads.

@@ -29,12 +29,4 @@ RAWFLUX_DEVICE void static_for(F&& f) {
   }
 }
 
-// About kBytes of SASS that must never run (16-byte volatile stores to sink): placed behind a
-// run-time test that is always false, it moves the code after it without changing what runs
-// (the instruction-cache probes: RAWFLUX_CODE_PAD, benchmarks/wgmma_peak.py's kPad).
-template <int kBytes>
-RAWFLUX_DEVICE void dead_code_pad(u32* sink) {
-#pragma unroll
-  for (int i = 0; i < kBytes / 16; ++i) asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(sink + i), "r"(0u) : "memory");
-}
 }  // namespace rawflux

@@ -43,14 +43,8 @@ RAWFLUX_DEVICE u64 smem_desc(u32 smem_addr, u32 lbo_bytes, u32 sbo_bytes) {
   return d;
 }
 
-// The descriptor of the operand `bytes` further on: a 32-bit add to the low word's 14-bit address
-// field, which cannot carry out of it (shared addresses stay below 2^18 bytes).
-RAWFLUX_DEVICE u64 desc_step(u64 desc, u32 bytes) {
-  const u32 lo = (u32)desc + (bytes >> 4);
-  return (desc & 0xFFFFFFFF00000000ull) | lo;
-}
-
-// The descriptor of the operand `units` x 16 bytes further on (desc_step without the shift).
+// The descriptor of the operand `units` x 16 bytes further on: a 32-bit add to the low word's
+// 14-bit address field, which cannot carry out of it (shared addresses stay below 2^18 bytes).
 RAWFLUX_DEVICE u64 desc_add(u64 desc, u32 units) {
   const u32 lo = (u32)desc + units;
   return (desc & 0xFFFFFFFF00000000ull) | lo;

@@ -1,41 +1,15 @@
-// Persistent tile schedulers: map a CTA's sequence of work units to tiles and k-block ranges.
+// The persistent tile order every scheduler shares, and TileSched (data-parallel and split-K; the
+// fused ops' scheduler, which they run with splits = 1).
 //
-// Data-parallel / split-K units: unit u (0 <= u < units) -> split = u / cluster_tiles, cluster
-// tile = u % cluster_tiles; a CTA takes units cluster_id, cluster_id + clusters, ... Cluster tiles
-// are (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile of it, and all
-// CTAs of a cluster walk the same units (they share operand loads by multicast).
+// A CTA's work units: unit u (0 <= u < units) -> split = u / cluster_tiles, cluster tile =
+// u % cluster_tiles; a CTA takes units cluster_id, cluster_id + clusters, ... Cluster tiles are
+// (kClusterM x kClusterN) CTA tiles; each CTA of the cluster takes its own tile of it, and all CTAs
+// of a cluster walk the same units (they share operand loads by multicast).
 // Cluster tiles are visited in grouped ("swizzled") order so the operands of the tiles in flight
 // stay in L2: `group` tile-rows side by side, walked along n (or tile-columns along m).
 // Row-block rotation (for the fused collectives): tile rows start at segment `seg_start` of
 // `seg_count` equal row segments and wrap around; seg_count = 1 is the plain order.
-//
-// Stream-K (StreamKSched, p.sk_tiles > 0): the first cluster_tiles - sk_tiles tiles of the order
-// run data-parallel (whole k); the (tile, k block) iterations of the last sk_tiles form one line
-// of sk_tiles * k_blocks that is cut into G equal runs, G = clusters in the grid: cluster g owns
-// iterations [g * I / G, (g + 1) * I / G). A run crossing tile boundaries yields one piece per
-// tile; the pieces of a tile are numbered in k order (w.split of w.splits) and summed in that order
-// by splitk_fixup, so the result does not depend on which piece finishes last. Every cluster ends
-// at the same time; on the H200 that measured slower than split-K or the plain grid at 29 of 30
-// points (docs/gemm-notes.md, session 6), so only the measured tuner picks it.
-// The host (rawflux/tune.py, sk_plan) keeps G <= I (no empty run) and G * I < 2^31 (u32 math).
-// Split tail (StreamKSched, p.tail_splits = s > 0): the last sk_tiles tiles (the partial wave, after
-// whole data-parallel ones) are each cut into s pieces of ceil(k_blocks / s) k blocks, and the
-// pieces are units after the data-parallel ones, piece index major: unit dp_tiles + j * sk_tiles + t
-// is piece j of tail tile t. The clusters of one round of the grid then run at most two piece
-// indices, so the operands of neighbouring tiles are read at the same k offsets, as in a
-// data-parallel wave; stream-K's runs start at scattered offsets and lose that L2 reuse. The
-// pieces are summed by splitk_fixup in piece order (bits repeat from call to call).
-// Measured on the H200 (session 26): 0.6-1.7 % faster than the data-parallel picks at m >= 4096 on
-// the large shapes; at m <= 2048 a partial wave of 0.8-0.95 of the grid leaves no round to save.
-// Banded stream-K (StreamKSched, p.tail_splits = -b < 0): stream-K's equal runs, but over a line of
-// stacks (b consecutive tiles of the order: a group's tile column, which shares B's rows, or its
-// tile row under raster_n) that b clusters (a band) run side by side, each on its own row of the
-// stack, so the clusters sharing an operand load the same k block together as in a data-parallel
-// wave; stream-K's runs do not. Clusters left over by G = H b + L run the line's end once per pass
-// of L rows. Piece 0 of a cut tile is always its cluster's last unit, so it is usually the last
-// to arrive and sums with its own partial in registers (splitk_fixup). Measured on the H200
-// (session 27): 0.8-2.4 % faster than
-// the data-parallel grid from 6 waves on; slower at m = 1024-2048 with no data-parallel wave.
+// The units past the data-parallel tiles are StreamKSched's pieces (scheduler/stream_k.cuh).
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/mbarrier.cuh"
@@ -49,9 +23,17 @@ struct WorkTile {
   i32 slot;                // fix-up slot: the workspace / counter index of this CTA tile
 };
 
+// Units advance by the number of clusters in the grid (CTAs without clusters).
+template <class Cfg>
+RAWFLUX_DEVICE i32 sched_stride() {
+  return Cfg::kClusterSize > 1 ? (i32)ptx::cluster_count_x() : (i32)ptx::grid_dim_x();
+}
+
+// The engine's scheduler: data-parallel / split-K units, then (kStreamKPolicy) StreamKSched's
+// pieces (the three cuts of scheduler/stream_k.cuh); kNarrowN > 0: NarrowSched's columns
+// (scheduler/narrow.cuh).
 template <class Cfg, bool kStreamKPolicy, int kNarrowN_ = 0>
 struct TileSchedT {
-  // Narrow columns (NarrowSched): tile columns narrow_from.. are kNarrowN wide, the others BN.
   static constexpr int kNarrowN = kNarrowN_;
   static_assert(kNarrowN == 0 || (Cfg::kClusterN == 1 && Cfg::kWgN == 1 && Cfg::kWgmmaChunks == 1 && kNarrowN % 8 == 0 &&
                                   kNarrowN > Cfg::kBN - 64 && kNarrowN < Cfg::kBN),
@@ -67,12 +49,8 @@ struct TileSchedT {
 
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
-  // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K (tune.py).
+  // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K.
   static constexpr bool kStreamK = kStreamKPolicy && Cfg::kWgmmaChunks == 1 && Cfg::kClusterK == 1;
-  // The dynamic tile order (kDynSched) serves the plain GEMM only: the fused ops' tile order is
-  // their protocol (chunk arrival, row rotation) and a k-split cluster takes one tile. Not for the
-  // 128 x 320 tile either: with the ticket fetch in its tile loop ptxas spilled ~4 KB.
-  static constexpr bool kDynamic = kDynSched && kStreamKPolicy && Cfg::kClusterK == 1 && Cfg::kWgmmaChunks == 1;
 
   // Only the cursor lives in registers; the rest is recomputed from the (constant-bank) params and
   // the grid's special registers on each call, which keeps the consumer warpgroups' register budget
@@ -82,11 +60,9 @@ struct TileSchedT {
 
   RAWFLUX_DEVICE TileSchedT(const GemmParams& p, i32 cluster_id, i32 rank) : unit(cluster_id), cta_rank((u32)rank) {
     if (!kStreamK && p.sk_tiles != 0) __trap();  // the host never asks this variant for stream-K: tiles would go missing
-    if (kDynamic && p.tail_splits != 0) __trap();  // nor the dynamic-order build for a split tail
   }
 
-  // Units advance by the number of clusters in the grid (CTAs without clusters).
-  static RAWFLUX_DEVICE i32 stride() { return Cfg::kClusterSize > 1 ? (i32)ptx::cluster_count_x() : (i32)ptx::grid_dim_x(); }
+  static RAWFLUX_DEVICE i32 stride() { return sched_stride<Cfg>(); }
 
   RAWFLUX_DEVICE bool next(const GemmParams& p, WorkTile& w) {
     const i32 ctiles_m = (p.tiles_m + Cfg::kClusterM - 1) / Cfg::kClusterM;
@@ -109,9 +85,7 @@ struct TileSchedT {
         return false;
       } else {
         if (sk_tiles == 0) return false;
-        // Not in the dynamic-order build (development): its producer spills 4 bytes with this branch;
-        // the host refuses a split tail there (ops/gemm.py).
-        if (!kDynamic && p.tail_splits > 0) {
+        if (p.tail_splits > 0) {
           // Split tail: piece j of tail tile t is unit dp_tiles + j * sk_tiles + t, so a round of
           // the grid takes the same k range of neighbouring tiles (they share operand rows in L2).
           const i32 v = unit - dp_tiles;
@@ -124,14 +98,14 @@ struct TileSchedT {
           w.kb_begin = split * per;
           w.kb_end = min(p.k_blocks, w.kb_begin + per);
           unit += stride();
-        } else if (!kDynamic && p.tail_splits < 0) {
-          // Banded stream-K: stacks of b = -tail_splits consecutive tiles (a raster column: they
-          // share B's rows) form a line of stacks x k blocks. b clusters make a band; the H = G / b
-          // bands cut the line's first E iterations in equal runs, band h [h E / H, (h + 1) E / H),
-          // member j taking row j of each stack, so a column's clusters load the same k block at
-          // the same time. The L = G - H b clusters left over (L divides b; the host checks) run
-          // the line's end [E, line) once per pass of L rows; E = ceil(H I / G) evens the two out.
-          // A tile's pieces are the bands' in k order, then the leftover's.
+        } else if (p.tail_splits < 0) {
+          // Banded stream-K: stacks of b = -tail_splits consecutive tiles form a line of stacks x k
+          // blocks. b clusters make a band; the H = G / b bands cut the line's first E iterations in
+          // equal runs, band h [h E / H, (h + 1) E / H), member j taking row j of each stack, so a
+          // column's clusters load the same k block at the same time. The L = G - H b clusters left
+          // over (L divides b; the host checks) run the line's end [E, line) once per pass of L rows;
+          // E = ceil(H I / G) evens the two out. A tile's pieces are the bands' in k order, then the
+          // leftover's.
           const u32 G = (u32)stride();
           const u32 b = (u32)(-p.tail_splits);
           const u32 K = (u32)p.k_blocks;
@@ -236,8 +210,7 @@ struct TileSchedT {
   }
 };
 
-// The scheduler policies named in gemm_kernel's template arguments: TileSched (data-parallel and
-// split-K; the fused ops, which pass splits = 1) and StreamKSched (also stream-K; the plain GEMM).
+// Scheduler policies name gemm_kernel's Sched argument; `type<Cfg>` is the scheduler itself.
 // kFixupChunk: float4 of a partial the fix-up's sum loads per round trip. The fused ops never
 // split, yet their variants keep the fix-up compiled, with chunks of 4: compiled out, or with
 // chunks of 8, ptxas spilled 16 B in the 40-register producer of the AgWait 128x192 / 128x256
@@ -246,21 +219,6 @@ struct TileSched {
   static constexpr int kFixupChunk = 4;
   template <class Cfg>
   using type = TileSchedT<Cfg, false>;
-};
-struct StreamKSched {
-  static constexpr int kFixupChunk = 8;
-  template <class Cfg>
-  using type = TileSchedT<Cfg, true>;
-};
-// Narrow columns (the plain GEMM, data-parallel): the last columns of tiles, from
-// GemmParams::narrow_from on, are kN wide instead of BN (tiles_n counts them), so that the last wave's
-// tiles are shorter and every cluster's work comes out closer to the mean. The host chooses the
-// columns so that each cluster's last-wave tile is a narrow one (rawflux/tune.py, narrow_plan).
-template <int kN>
-struct NarrowSched {
-  static constexpr int kFixupChunk = 8;
-  template <class Cfg>
-  using type = TileSchedT<Cfg, true, kN>;
 };
 
 }  // namespace rawflux

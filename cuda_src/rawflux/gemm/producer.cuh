@@ -1,0 +1,96 @@
+// The producer role of the GEMM engine: one thread of warpgroup 0 (40 registers) walks the CTA's
+// work units and fills the stage ring. Per unit it runs the prologue's wait (the fused
+// AllGather's chunk flags), then per k block waits for a free stage, arms its full barrier with
+// the stage's byte count and issues the TMA loads of A and B (multicast to the cluster peer for
+// the shared operand). With the consumer refill (Cfg::kRefill) it loads only each unit's first
+// kStages k blocks and waits on the stages' release counts instead of their empty barriers.
+#pragma once
+#include "rawflux/gemm/config.cuh"
+#include "rawflux/gemm/load.cuh"
+#include "rawflux/gemm/scheduler/tile.cuh"
+#include "rawflux/ptx/mbarrier.cuh"
+
+namespace rawflux {
+
+// p by value: its fields are then values, not loads through a reference that the prologue's waits
+// (asm with a memory clobber) would force to be repeated.
+template <class Cfg, class SchedT, class Prologue>
+RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorMap& tmap_b, const TensorMap& tmap_a_tail,
+                            const GemmParams p, const typename Prologue::Params& pro) {
+  constexpr int kStages = Cfg::kStages;
+  constexpr bool kCluster = Cfg::kClusterSize > 1;
+  constexpr bool kRefill = Cfg::kRefill;
+  constexpr u32 kReleasers = 4 * Cfg::kConsumers * Cfg::kMcastSize;  // consumer warps that release each stage
+  // The ring's addresses derived afresh here: a pointer kept from before setmaxnreg would be
+  // spilled (the producer runs in 40 registers).
+  u8* smem = ptx::opaque(smem_raw) + ((1024u - (ptx::smem_u32(smem_raw) & 1023u)) & 1023u);
+  u8* smem_a = smem;
+  u8* smem_b = smem + kStages * Cfg::kStageABytes;
+  u64* full = reinterpret_cast<u64*>(smem + kStages * Cfg::kStageBytes);
+  u64* empty = full + kStages;
+  u32* released = reinterpret_cast<u32*>(empty + kStages + 2);  // the refill's counts, after the k-split pair
+  const u32 cta_rank = kCluster ? ptx::cluster_ctarank() : 0u;
+  const i32 cluster_id = kCluster ? (i32)ptx::cluster_id_x() : (i32)blockIdx.x;
+  SchedT sched(p, cluster_id, (i32)cta_rank);
+  WorkTile w;
+  u32 stage = 0, phase = 0;
+  u32 round = 0;  // kRefill: uses of the ring's stages before the current one (phase = round's parity)
+  // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
+  const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
+  const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
+  // One tile's k loop. kAMode: how A's box is loaded. kALoadFull: the main map, its box
+  // kBoxARows rows, or GemmParams::a_box_rows when m is smaller. kALoadTail: the tail map
+  // (a_tail_rows rows), in a ragged last tile row, since the TMA unit's zero fill of rows past m
+  // is slower than loading rows (m = 192, 128x96: 83 us against 66), and in a tile wholly past m
+  // (a cluster's idle CTA: its rows are all zero-filled, a_tail_rows >= 8 of them instead of a
+  // box). The rows a box leaves hold stale data; their results are never stored. A compile-time
+  // mode, one loop each: choosing the map inside the loop cost the producer (40 registers) a spill.
+  auto k_loop = [&](auto mode) {
+    constexpr int kAMode = decltype(mode)::value;
+    const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+    const u32 tx = stage_tx<Cfg, kAMode>(p);
+    // kRefill: the unit's first kStages blocks; the consumers load the rest.
+    const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
+    for (i32 kb = w.kb_begin; kb < kb_stop; ++kb) {
+      if constexpr (kRefill) {
+        // every consumer warp released the stage's previous use (round - 1); a count, not a
+        // parity: the producer skips the blocks the consumers load and may be rounds ahead
+        ptx::wait_count_geq<(Cfg::kMcastSize > 1)>(ptx::smem_u32(&released[stage]), round * kReleasers, p.timeout_ns);
+      } else {
+        ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+      }
+      load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, SchedT::col0(p, w.tile_n), a_slice,
+                               b_slice, tx);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+        if constexpr (kRefill) ++round;
+      }
+    }
+    if constexpr (kRefill) {  // past the blocks the consumers load
+      const u32 skip = (u32)max(0, w.kb_end - kb_stop);
+      stage += skip % kStages;
+      round += skip / kStages;
+      if (stage >= kStages) {
+        stage -= kStages;
+        ++round;
+      }
+    }
+  };
+  while (sched.next(p, w)) {
+    const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+    // The tail map: a_tail_box, written out (the call, by reference or by value, costs AG-GEMM's
+    // producer a spill). Decided before the prologue's wait, so that only a predicate lives
+    // across it (a row count kept across AgWait's loop costs the same spill).
+    const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
+                      (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
+    Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
+    if (tail) {
+      k_loop(Int<kALoadTail>{});
+    } else {
+      k_loop(Int<kALoadFull>{});
+    }
+  }
+}
+
+}  // namespace rawflux

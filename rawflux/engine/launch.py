@@ -1,0 +1,178 @@
+"""The bytes of a launch and the lean path that issues it: tensor maps (cached), epilogue
+parameters, one preallocated argument block per thread, cached launch configurations
+(cuLaunchKernelEx with cluster dims and programmatic dependent launch), and the per-stream
+split-K workspace."""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from ..runtime import DType
+from .abi import (BIAS_NONE, LOCAL_STORE_EPI, TMA_STORE_EPI, TMA_STORE_TAIL, TMAP_CODE, local_store_params)
+
+# ------------------------------------------------------------------------------------------------
+# tensor maps
+
+_tmap_lock = threading.Lock()
+_tmap_cache: dict[tuple, bytes] = {}
+_TMAP_CACHE_MAX = 4096
+
+
+def tensor_map(ptr: int, dtype: DType, rows: int, cols: int, ld: int, box_rows: int, box_cols: int) -> bytes:
+    """128-byte CUtensorMap of a row-major (rows, cols) matrix with row pitch ld (elements), boxes of
+    box_rows x box_cols, 128-byte swizzle, zero fill out of bounds. Cached: a map depends on nothing
+    but these numbers."""
+    return tensor_map_code(ptr, TMAP_CODE[dtype], rows, cols, ld, box_rows, box_cols)
+
+
+def tensor_map_code(ptr: int, code: int, rows: int, cols: int, ld: int, box_rows: int, box_cols: int) -> bytes:
+    """tensor_map with the driver's data-type code (abi.TMAP_CODE) instead of a DType."""
+    key = (ptr, code, rows, cols, ld, box_rows, box_cols)
+    hit = _tmap_cache.get(key)
+    if hit is not None:
+        return hit
+    from cuda.bindings import driver as drv
+
+    itemsize = 2  # both tensor-map dtypes rawflux uses are 16-bit
+    err, tm = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType(code),
+        2,
+        int(ptr),
+        [drv.cuuint64_t(int(cols)), drv.cuuint64_t(int(rows))],
+        [drv.cuuint64_t(int(ld) * itemsize)],
+        [drv.cuuint32_t(int(box_cols)), drv.cuuint32_t(int(box_rows))],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled failed ({err.name}) for a {rows}x{cols} matrix (dtype code {code}) at {ptr:#x}, "
+            f"pitch {ld}, box {box_rows}x{box_cols}"
+        )
+    raw = ctypes.string_at(int(tm.getPtr()), 128)
+    with _tmap_lock:
+        if len(_tmap_cache) >= _TMAP_CACHE_MAX:
+            _tmap_cache.clear()
+        _tmap_cache[key] = raw
+    return raw
+
+
+# ------------------------------------------------------------------------------------------------
+# epilogue parameters
+
+
+def tma_store_params(c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bias_ptr: int = 0, bias_kind: int = BIAS_NONE) -> bytes:
+    """TmaStore::Params: C's tensor map (64 x 64 boxes, 128-byte swizzle), then the register path's
+    pointer and pitch and the bias; 192 bytes (the struct is 64-byte aligned for the map)."""
+    tmap = tensor_map(int(c_ptr), out_dtype, int(m), int(n), int(ldc), 64, 64)
+    return tmap + TMA_STORE_TAIL.pack(int(c_ptr), int(ldc), int(bias_ptr), int(bias_kind), 0) + bytes(32)
+
+
+def epilogue_params(epilogue: str, c_ptr: int, m: int, n: int, ldc: int, out_dtype: DType, bias_ptr: int = 0,
+                    bias_kind: int = BIAS_NONE) -> bytes:
+    """The packed Params of the engine's own epilogues (TmaStore or LocalStore) for C at c_ptr."""
+    if epilogue == TMA_STORE_EPI:
+        return tma_store_params(c_ptr, m, n, ldc, out_dtype, bias_ptr, bias_kind)
+    if epilogue != LOCAL_STORE_EPI:
+        raise ValueError(f"epilogue_params packs TmaStore or LocalStore, not {epilogue}")
+    return local_store_params(c_ptr, ldc, bias_ptr, bias_kind)
+
+
+# ------------------------------------------------------------------------------------------------
+# launching
+
+
+class _ArgBlock(threading.local):
+    """kernelParams for up to 6 arguments (gemm_kernel: tmap_a, tmap_b, GemmParams, prologue and
+    epilogue params, tmap_a_tail), each 64-byte aligned (CUtensorMap needs 64)."""
+
+    OFFSETS = (0, 128, 256, 384, 640, 896)
+    SIZES = (128, 128, 128, 256, 256, 128)
+
+    def __init__(self):
+        self.buf = ctypes.create_string_buffer(1024 + 64)
+        base = (ctypes.addressof(self.buf) + 63) & ~63
+        self.addrs = [base + o for o in self.OFFSETS]
+        self.ptrs = (ctypes.c_void_p * 6)(*self.addrs)
+        self.ptrs_addr = ctypes.addressof(self.ptrs)
+
+
+_args = _ArgBlock()
+_launch_cfgs: dict[tuple, object] = {}
+
+
+def launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int, args: tuple[bytes, ...], pdl: bool = False) -> None:
+    """Launch `kernel` (a jit.Kernel) with its arguments as packed bytes (at most 6, of the sizes
+    _ArgBlock holds). ``pdl``: as the programmatic dependent of the previous kernel in ``stream``
+    (it may start once every CTA of that kernel has run griddepcontrol.launch_dependents)."""
+    from cuda.bindings import driver as drv
+
+    key = (kernel.handle, grid, threads, cluster, smem, stream, pdl)
+    cfg = _launch_cfgs.get(key)
+    if cfg is None:
+        kernel.set_max_dynamic_smem(smem)
+        lc = drv.CUlaunchConfig()
+        lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid, 1, 1
+        lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
+        lc.sharedMemBytes = smem
+        lc.hStream = drv.CUstream(stream)
+        attrs = []
+        if cluster > 1:
+            at = drv.CUlaunchAttribute()
+            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
+            attrs.append(at)
+        if pdl:
+            at = drv.CUlaunchAttribute()
+            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            at.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(at)
+        lc.attrs = attrs
+        lc.numAttrs = len(attrs)
+        if len(_launch_cfgs) > 1024:
+            _launch_cfgs.clear()
+        cfg = _launch_cfgs[key] = (lc, drv.CUfunction(kernel.handle))
+    a = _args
+    for addr, size, raw in zip(a.addrs, _ArgBlock.SIZES, args):
+        if len(raw) > size:
+            raise ValueError(f"kernel argument of {len(raw)} bytes exceeds its {size}-byte slot")
+        ctypes.memmove(addr, raw, len(raw))
+    (err,) = drv.cuLaunchKernelEx(cfg[0], cfg[1], a.ptrs_addr, 0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, msg = drv.cuGetErrorString(err)
+        raise RuntimeError(f"launch of {kernel.symbol} failed: {err.name}: {msg.decode() if msg else ''}")
+
+
+# ------------------------------------------------------------------------------------------------
+# split-K workspace: per (device, stream), grown on demand; counters start at zero and every
+# launch leaves them at zero (the last piece of a tile resets its counts).
+
+_ws_lock = threading.Lock()
+_workspaces: dict[tuple[int, int], tuple] = {}
+
+
+def workspace(device_id: int, stream: int, ws_bytes: int, n_counters: int) -> tuple[int, int]:
+    """(partials pointer, counters pointer) of at least ws_bytes and n_counters u32 for `stream`."""
+    key = (device_id, stream)
+    with _ws_lock:
+        cur = _workspaces.get(key)
+        if cur is not None and cur[0].nbytes >= ws_bytes and cur[1].size >= n_counters:
+            return cur[2], cur[3]
+        import cupy
+
+        from ..runtime import use_stream
+
+        with use_stream(stream, device_id):
+            ws = cupy.empty(max(ws_bytes, cur[0].nbytes if cur else 0), dtype=cupy.uint8)
+            ctr = cupy.zeros(max(n_counters, cur[1].size if cur else 0, 1024), dtype=cupy.uint32)
+        entry = (ws, ctr, int(ws.data.ptr), int(ctr.data.ptr))
+        if cur is not None:
+            # The old buffers may still be in use by queued launches on this stream: keep them alive
+            # until the stream has passed this point.
+            with use_stream(stream, device_id):
+                cupy.cuda.get_current_stream().synchronize()
+        _workspaces[key] = entry
+        return entry[2], entry[3]

@@ -1,0 +1,202 @@
+"""The launch plan of one gemm_kernel variant on one problem: validated once per (config, shape,
+policies, stream), then every call only packs its pointers (tensor maps, epilogue params).
+
+    p = plan(cfg, m, n, k, dtype=DType.BF16, b_layout="nk", out_dtype=DType.BF16, device_id=0, stream=s)
+    p.launch(a_ptr, b_ptr, lda=k, ldb=k, stream=s, epilogue_params=epilogue_params(...))
+
+The fused ops build theirs with their own kernel file, scheduler, prologue and epilogue policies
+and tile-row rotation (seg_count, seg_start).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .. import env, tune
+from ..jit import get_kernel
+from ..runtime import DType
+from ..tune import GemmConfig, WorkPlan
+from .abi import (GEMM_PARAMS, NOWAIT, NOWAIT_PARAMS, PLAIN_SCHED, TMAP_CODE, KernelOptions, check_options, kernel_name,
+                  kernel_options, launch_smem_bytes, narrow_sched, plain_epilogue)
+from .launch import launch, tensor_map_code, workspace
+
+# Rows of A's TMA box and of its tail box (GemmParams::a_box_rows / a_tail_rows; the rules live in
+# tune, whose time model charges them). Module attributes, looked up at each plan: tests swap them
+# for the full box.
+a_box_rows = tune.a_box_rows
+a_tail_rows = tune.a_tail_rows
+
+
+def check_arch(device_id: int) -> tune.DeviceInfo:
+    """The device's attributes; RuntimeError unless it is sm_90 (the engine's wgmma + TMA path)."""
+    info = tune.device_info(device_id)
+    if info.cc != (9, 0):
+        raise RuntimeError(
+            f"rawflux.gemm needs sm_90 (Hopper: H100 / H200 / GH200); device {device_id} ({info.name}) is "
+            f"sm_{info.cc[0]}{info.cc[1]}, and rawflux has no portable (mma.sync) path yet"
+        )
+    return info
+
+
+def pack_params(cfg: GemmConfig, m: int, n: int, k: int, work: WorkPlan, *, seg_count: int = 1, seg_start: int = 0,
+                workspace: int = 0, counters: int = 0, timeout_ns: int | None = None) -> bytes:
+    """GemmParams of one launch of cfg on (m, n, k) with work plan `work` (tune.work_plan)."""
+    t = cfg.tile
+    if timeout_ns is None:
+        timeout_ns = int(env.wait_timeout_s() * 1e9)
+    return GEMM_PARAMS.pack(
+        m, n, k, -(-m // t.bm), work.tiles_n, work.k_blocks, work.splits, work.kb_per_split, max(1, cfg.group), int(cfg.raster_n),
+        max(1, seg_count), seg_start, work.sk_tiles, a_box_rows(t, m), a_tail_rows(t, m), work.tail_splits, work.narrow_from, 0,
+        workspace, counters, timeout_ns,
+    )
+
+
+def gemm_params(cfg: GemmConfig, m: int, n: int, k: int, *, sms: int, seg_count: int = 1, seg_start: int = 0, workspace: int = 0,
+                counters: int = 0, timeout_ns: int | None = None) -> bytes:
+    """GemmParams for cfg on (m, n, k) on a device of `sms` SMs (the grid the plan sizes)."""
+    return pack_params(cfg, m, n, k, tune.work_plan(m, n, k, cfg, sms), seg_count=seg_count, seg_start=seg_start,
+                       workspace=workspace, counters=counters, timeout_ns=timeout_ns)
+
+
+def grid_size(cfg: GemmConfig, m: int, n: int, k: int, sms: int) -> int:
+    """Persistent CTAs of a launch: at most one per SM (or cfg.ctas), never more than there are
+    units, a multiple of the cluster size."""
+    return tune.work_plan(m, n, k, cfg, sms).clusters * cfg.tile.cluster_size
+
+
+def check_config(cfg: GemmConfig, m: int, n: int, k: int, *, sched: str, b_layout: str, out_dtype: DType, epilogue: str,
+                 sms: int) -> None:
+    """ValueError where cfg cannot run on this scheduler / layout / output, before any launch."""
+    t = cfg.tile
+    if sched != PLAIN_SCHED and cfg.decomp.kind != "dp":
+        raise ValueError(f"{sched} does not split k: config {cfg.tag()} needs splits = 1 and no stream-K")
+    if cfg.decomp.kind == "narrow" and (t not in tune.NARROW_TILES or b_layout != "nk" or out_dtype == DType.F32
+                                        or epilogue != "rawflux::TmaStore"):
+        raise ValueError(f"config {cfg.tag()}: narrow columns are for the plain GEMM on "
+                         f"{', '.join(x.tag() for x in tune.NARROW_TILES)}, data-parallel (splits = 1, no stream-K), "
+                         f"B as (n, k) and a 16-bit output")
+    if cfg.stream_k and not t.stream_k_ok:
+        raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
+                         f"consumer warpgroup (tile {t.tag()} has {t.wn})")
+    if t.cluster_k > 1:
+        tiles = -(-m // t.bm) * -(-n // t.bn)
+        ctas = min(cfg.ctas or sms, sms)
+        if cfg.decomp.kind != "dp":
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster splits k itself: use splits = 1 and no stream-K")
+        if tune.split_plan(k, 2)[2] < 2:
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster needs at least 2 k blocks of {tune.BK} (k = {k})")
+        if 2 * tiles > ctas:
+            raise ValueError(f"config {cfg.tag()}: a k-split cluster takes one tile: {tiles} tiles need {2 * tiles} CTAs, "
+                             f"the grid has {ctas}")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Everything a launch of one variant on one problem needs but the pointers."""
+
+    cfg: GemmConfig
+    name: str  # the kernel's name expression
+    options: KernelOptions
+    kernel: object  # jit.Kernel
+    work: WorkPlan
+    grid: int
+    threads: int
+    cluster: int
+    smem: int
+    params: bytes  # GemmParams (with this stream's workspace)
+    box_a: tuple[int, int]
+    box_b: tuple[int, int]
+    a_tail: int  # rows of A's tail box (a_tail_rows); 0: the kernel's tmap_a_tail is tmap_a
+    mnk: tuple[int, int, int]
+    b_layout: str
+    tmap_code: int
+
+    def args(self, a_ptr: int, b_ptr: int, lda: int, ldb: int, prologue_params: bytes, epilogue_params: bytes) -> tuple[bytes, ...]:
+        """gemm_kernel's arguments for A at a_ptr (pitch lda) and B at b_ptr (pitch ldb)."""
+        m, n, k = self.mnk
+        tmap_a = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.box_a[0], self.box_a[1])
+        tmap_a_tail = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.a_tail, self.box_a[1]) if self.a_tail else tmap_a
+        if self.b_layout == "nk":
+            tmap_b = tensor_map_code(b_ptr, self.tmap_code, n, k, ldb, self.box_b[0], self.box_b[1])
+        else:
+            tmap_b = tensor_map_code(b_ptr, self.tmap_code, k, n, ldb, self.box_b[0], self.box_b[1])
+        return tmap_a, tmap_b, self.params, prologue_params, epilogue_params, tmap_a_tail
+
+    def launch_args(self, stream: int, args: tuple[bytes, ...], pdl: bool = False) -> None:
+        """Launch with arguments built by args() (a fused op builds them before it issues anything)."""
+        launch(self.kernel, self.grid, self.threads, self.cluster, self.smem, stream, args, pdl=pdl)
+
+    def launch(self, a_ptr: int, b_ptr: int, *, lda: int, ldb: int, stream: int, epilogue_params: bytes,
+               prologue_params: bytes = NOWAIT_PARAMS, pdl: bool = False) -> None:
+        self.launch_args(stream, self.args(a_ptr, b_ptr, lda, ldb, prologue_params, epilogue_params), pdl=pdl)
+
+
+_plans: dict[tuple, GemmPlan] = {}
+_plans_lock = threading.Lock()
+
+
+def plan(cfg: GemmConfig, m: int, n: int, k: int, *, dtype: DType, b_layout: str, out_dtype: DType, device_id: int, stream: int,
+         relpath: str = "gemm.cu", sched: str = PLAIN_SCHED, prologue: str = NOWAIT, epilogue: str | None = None,
+         seg_count: int = 1, seg_start: int = 0, timeout_ns: int | None = None, options: KernelOptions | None = None) -> GemmPlan:
+    """The launch plan of cfg on (m, n, k): A (m, k) row-major; B (n, k) ("nk") or (k, n) ("kn")
+    row-major. The caller has checked shapes, alignment (16-byte pointers and pitches) and n, k
+    multiples of 8. ``epilogue`` defaults to the plain GEMM's for out_dtype; ``options`` to
+    abi.kernel_options. Split modes need the plain GEMM's scheduler (PLAIN_SCHED) and an epilogue
+    that only stores. Cached per argument set."""
+    epilogue = epilogue or plain_epilogue(out_dtype)
+    key = (cfg, m, n, k, dtype, b_layout, out_dtype, stream, device_id, relpath, sched, prologue, epilogue, seg_count, seg_start,
+           timeout_ns, options)
+    hit = _plans.get(key)
+    if hit is not None:
+        return hit
+    t = cfg.tile
+    info = check_arch(device_id)
+    check_config(cfg, m, n, k, sched=sched, b_layout=b_layout, out_dtype=out_dtype, epilogue=epilogue, sms=info.sms)
+    if options is not None:
+        check_options(options, t, prologue, epilogue, out_dtype)
+    opts = options or kernel_options(t, prologue, epilogue, out_dtype)
+    work = tune.work_plan(m, n, k, cfg, info.sms)
+    ws = ctr = 0
+    if work.splits > 1:
+        # two counts per (slot, consumer warpgroup): arrived and stored (splitk_fixup)
+        ws, ctr = workspace(device_id, stream, work.slots * work.splits * t.bm * t.bn * 4, 2 * work.slots * t.consumers)
+    params = pack_params(cfg, m, n, k, work, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr,
+                         timeout_ns=timeout_ns)
+    name = kernel_name(t, dtype, out_dtype, b_layout, sched=narrow_sched(cfg.narrow) if cfg.narrow else sched, prologue=prologue,
+                       epilogue=epilogue, options=opts)
+    kern = get_kernel(relpath, name, device_id=device_id, arch="sm_90a")
+    box_b = (t.bn // t.cluster_m, tune.BK) if b_layout == "nk" else (tune.BK // t.cluster_m, 64)
+    p = GemmPlan(cfg, name, opts, kern, work, work.clusters * t.cluster_size, t.threads, t.cluster_size,
+                 launch_smem_bytes(t, epilogue, out_dtype, opts), params, (a_box_rows(t, m), tune.BK), box_b, a_tail_rows(t, m),
+                 (m, n, k), b_layout, TMAP_CODE[dtype])
+    with _plans_lock:
+        if len(_plans) > 4096:
+            _plans.clear()
+        _plans[key] = p
+    return p
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration choice
+
+_pick_cache: dict[tuple, GemmConfig] = {}
+
+
+def pick_config(m: int, n: int, k: int, dtype: DType, b_layout: str, out_dtype: DType, device_id: int, timer=None) -> GemmConfig:
+    """Tuned result if one is stored (RAWFLUX_TUNE=cached|on), else the heuristic; with
+    RAWFLUX_TUNE=on and a `timer(cfg) -> us`, unseen problems are tuned and stored."""
+    mode = env.tune_mode()
+    key = (m, n, k, dtype, b_layout, out_dtype, device_id, mode)
+    hit = _pick_cache.get(key)
+    if hit is not None:
+        return hit
+    info = tune.device_info(device_id)
+    tkey = tune.tune_key(m, n, k, dtype.tag, b_layout, out_dtype.tag, info)
+    cfg = tune.lookup(tkey)
+    if cfg is None and mode == "on" and timer is not None:
+        cfg, us = tune.tune(m, n, k, b_layout, info, timer, out_bytes=out_dtype.itemsize)
+        tune.store(tkey, cfg, us)
+    if cfg is None:
+        cfg = tune.heuristic(m, n, k, b_layout, info, out_dtype.itemsize)
+    _pick_cache[key] = cfg
+    return cfg

@@ -1,0 +1,24 @@
+"""GEMM configurations and how one is chosen per problem: the compiled tiles, the work plan of a
+launch, a time model on the device's attributes, the heuristic that ranks candidates by it, and a
+measured tuner whose results persist as JSON in the cache folder (RAWFLUX_TUNE, rawflux/env.py).
+
+- configs:   TileConfig, Decomp, GemmConfig, parse_tag; the compiled tile tables (TILES, ...)
+- plans:     a launch's grid and scheduler parameters (split_plan, sk_plan, narrow_plan, work_plan)
+- model:     DeviceInfo, device_info, estimate_us and the model's fitted constants
+- heuristics: candidates, heuristic, band_config, narrow_config
+- tuner:     the measured tuner (tune_key, lookup, store, tune) and its JSON table
+
+Callers use the names below as ``tune.X``; a test that patches ``tune.device_info`` reaches every
+caller, since none inside the package calls it.
+"""
+from __future__ import annotations
+
+from .configs import (BAND_TILES, BK, DP, KSPLIT_TILES, NARROW_TILES, NARROW_WIDTHS, SMEM_PER_CTA, STREAM_K, TILES, Decomp,
+                      GemmConfig, TileConfig, ksplit_base, ksplit_fits, max_stages, parse_tag, smem_bytes, tiles_for)
+from .plans import (NarrowPlan, SkPlan, WorkPlan, a_box_rows, a_tail_rows, band_height, band_pieces, band_shape,
+                    cluster_tiles, narrow_plan, raster, sk_pieces, sk_plan, split_plan, work_plan)
+from .model import (B_OOB_FILL_COST, BAND_FIX_S, DRAM_SM_OVERLAP, KSPLIT_RATE, NARROW_COST, OOB_FILL_COST, PULL_SCALE,
+                    TAIL_ROUND_S, DeviceInfo, _a_pull_rows, device_info, estimate_us)
+from .heuristics import (BAND_MIN_WAVES, NARROW_MAX_WAVES, NARROW_MIN_ROWS, TAIL_MIN_WAVES, TAIL_SPLITS, band_config,
+                        candidates, heuristic, narrow_config)
+from .tuner import lookup, store, tune, tune_key
