@@ -8,7 +8,8 @@ CUDA events around each call, median of --reps (>= 30) after warm-up, fresh rand
 times. A short GPU sleep before each timed batch lets the host queue the calls ahead of the GPU, so
 the numbers are device time (host launch cost is reported separately). Prints a table with ratios
 vs the faster cuBLAS and writes JSON (fields op, impl, m, n, k, dtype, ms, tflops, gpu, driver,
-commit, date, config) to benchmarks/results/gemm-<date>.json.
+commit, date, config) to benchmarks/results/gemm.json (the current grid, which BENCHMARKS.md is
+generated from: python benchmarks/report.py).
 """
 from __future__ import annotations
 
@@ -23,12 +24,27 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_compare import ratios  # noqa: E402  (the same ratio gemm_compare.py reports)
-
 SHAPES_NK = [(6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672)]
 MS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
 L2_BYTES = 60 << 20
+CUBLAS = ("torch.matmul", "cupy.matmul")
+
+Point = tuple[str, int, int, int]
+
+
+def ratios(rows: list[dict], impl: str = "rawflux") -> dict[Point, tuple[float, str]]:
+    """(dtype, m, n, k) -> (impl's TF/s over the faster cuBLAS's, impl's config) for one run."""
+    best: dict[Point, float] = {}
+    for r in rows:
+        if r["impl"] in CUBLAS:
+            key = (r["dtype"], r["m"], r["n"], r["k"])
+            best[key] = max(best.get(key, 0.0), r["tflops"])
+    out = {}
+    for r in rows:
+        key = (r["dtype"], r["m"], r["n"], r["k"])
+        if r["impl"] == impl and best.get(key):
+            out[key] = (r["tflops"] / best[key], r.get("config") or "")
+    return out
 
 
 def _commit() -> str:
@@ -69,7 +85,7 @@ def input_sets(m: int, n: int, k: int, elem_bytes: int = 2) -> int:
 
 def rotated_inputs(m: int, n: int, k: int):
     """input_sets(m, n, k) sets of random bf16 A (m, k), B (n, k) and an empty C (m, n) (torch,
-    on the current device), for the single-shape probes (gemm_clocks, gemm_energy, gemm_kfit):
+    on the current device), for the single-shape probes in benchmarks/tools:
     (nsets, [A], [B], [C])."""
     import torch
 
@@ -135,7 +151,8 @@ def main(argv=None) -> int:
     import cupy
     import torch
 
-    from rawflux import env, tune
+    from rawflux import engine, env, tune
+    from rawflux.jit import get_kernel
     from rawflux.ops import gemm as g
     from rawflux.runtime import DType
 
@@ -171,9 +188,9 @@ def main(argv=None) -> int:
     for t in tune.TILES:
         if t.cluster_size < 2:
             continue
-        epi = g.plain_epilogue(DType.BF16)
-        smem = g.launch_smem_bytes(t, epi, DType.BF16)
-        kern = g.get_kernel("gemm.cu", g.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=g.PLAIN_SCHED, epilogue=epi), device_id=dev,
+        epi = engine.plain_epilogue(DType.BF16)
+        smem = engine.launch_smem_bytes(t, epi, DType.BF16)
+        kern = get_kernel("gemm.cu", engine.kernel_name(t, DType.BF16, DType.BF16, "nk", sched=engine.PLAIN_SCHED, epilogue=epi), device_id=dev,
                             arch="sm_90a")
         kern.set_max_dynamic_smem(smem)
         lc = cdrv.CUlaunchConfig()
@@ -230,7 +247,7 @@ def main(argv=None) -> int:
                     w = torch.randn(n, k, device="cuda", dtype=tdt)
                     o = torch.empty(m, n, device="cuda", dtype=tdt)
                     sets.append((a, w, o, cupy.from_dlpack(a), cupy.from_dlpack(w), cupy.from_dlpack(o)))
-                cfg = g.pick_config(m, n, k, rdt, "nk", rdt, dev)
+                cfg = engine.pick_config(m, n, k, rdt, "nk", rdt, dev)
                 best = None
                 if args.tune:
                     a, w = sets[0][0], sets[0][1]
@@ -247,17 +264,18 @@ def main(argv=None) -> int:
                 if best is not None:
                     fns.append(lambda i: g.gemm(sets[i][0], sets[i][1], out=sets[i][2], config=best))
                 # (row label, config): --tiles as the heuristic would raster them, then --configs as given
-                extra = [(f"[{tt.tag()}]", tune.GemmConfig(tt, 1, 8, -(-m // tt.bm) > -(-n // tt.bn))) for tt in extra_tiles]
+                extra = [(f"[{tt.tag()}]", tune.GemmConfig(tt, tune.DP, 8, -(-m // tt.bm) > -(-n // tt.bn))) for tt in extra_tiles]
                 extra += [(f"{{{c.tag()}}}", c) for c in extra_cfgs]
                 for s in tails:  # the pick with a split tail, where it cuts tiles
                     base = cfg if cfg.tile.stream_k_ok else replace(cfg, tile=tune.parse_tag("128x256x64s4c2x1w2/k1/g8m/p0").tile)
-                    tc = replace(base, splits=1, stream_k=True, tail=s)
+                    tc = replace(base, decomp=tune.Decomp("tail", s))
                     if tune.sk_plan(m, n, k, tc, info.sms).tail:
                         extra.append((f"<t{s}>", tc))
                 if args.bands:
                     base = cfg if cfg.tile.stream_k_ok else replace(cfg, tile=tune.parse_tag("128x256x64s4c2x1w2/k1/g8m/p0").tile)
-                    bc = replace(base, splits=1, stream_k=True, tail=0, band=tune.band_height(m, n, base))
-                    if bc.band >= 2 and tune.sk_plan(m, n, k, bc, info.sms).band:
+                    band = tune.band_height(m, n, base)
+                    bc = replace(base, decomp=tune.Decomp("band", band)) if band >= 2 else None
+                    if bc is not None and tune.sk_plan(m, n, k, bc, info.sms).band:
                         extra.append(("<band>", bc))
                 if args.narrow:
                     nc = tune.narrow_config(m, n, tune.NARROW_TILES[0], info)
@@ -313,7 +331,7 @@ def main(argv=None) -> int:
                 print(f"{dt} {impl}: m>=1024 min {min(big, default=float('nan')):.3f} median {statistics.median(big) if big else float('nan'):.3f}"
                       f" | m<=512 min {min(small, default=float('nan')):.3f} median {statistics.median(small) if small else float('nan'):.3f}")
 
-    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / f"gemm-{date}.json"
+    path = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / "gemm.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"rows": rows, "sweep": sweep_rows}, indent=1))
     print(f"wrote {path}")

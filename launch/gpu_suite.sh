@@ -19,7 +19,7 @@ REAL=${REAL:-}
 ranks() { if [ -n "$REAL" ]; then echo "-n $1"; else echo "--emulate $1"; fi; }  # rawflux-launch's mode flag
 log() { echo "=== $* ($(date +%T))"; }
 # keep NAME: the whole output goes to $OUT/suite/NAME.log; shown are its last TAIL lines, preceded
-# by the FAIL / error lines the tail would cut (session 10 lost a failure's text to TAIL=40).
+# by the FAIL / error lines the tail would cut (a failure's text was once lost to TAIL=40).
 keep() {
   local f="$OUT/suite/$1.log" n
   mkdir -p "$OUT/suite"

@@ -1,4 +1,5 @@
-"""benchmarks/gemm_kfit.py: the per-k-block / per-tile split of a GEMM's time (session 16)."""
+"""benchmarks/tools/gemm_kfit.py: the per-k-block / per-tile split of a GEMM's time; gemm_clocks.py's
+nvidia-smi reader."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("gemm_kfit", ROOT / "benchmarks" / "gemm_kfit.py")
+spec = importlib.util.spec_from_file_location("gemm_kfit", ROOT / "benchmarks" / "tools" / "gemm_kfit.py")
 kf = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(kf)
 
@@ -40,7 +41,7 @@ def test_waves(m, n, bm, bn, sms, want):
 
 
 def test_clock_probe_parses_nvidia_smi_lines():
-    spec2 = importlib.util.spec_from_file_location("gemm_clocks", ROOT / "benchmarks" / "gemm_clocks.py")
+    spec2 = importlib.util.spec_from_file_location("gemm_clocks", ROOT / "benchmarks" / "tools" / "gemm_clocks.py")
     gcl = importlib.util.module_from_spec(spec2)
     spec2.loader.exec_module(gcl)
     text = ("2026/11/30 05:20:17.123, 1485 MHz, 689.52 W, 0x0000000000000004\n"

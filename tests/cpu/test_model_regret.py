@@ -1,5 +1,6 @@
-"""The time model against the H200's measured timings (benchmarks/gemm_model_regret.py): a change to
-rawflux/tune.py that makes its picks slower on the measured points fails here."""
+"""The time model against the H200's measured timings (benchmarks/tools/gemm_model_regret.py on
+benchmarks/tools/gemm_timings.json): a change to rawflux/tune/ that makes its picks slower on the
+measured points fails here."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gemm_model_regret", ROOT / "benchmarks" / "gemm_model_regret.py")
+    spec = importlib.util.spec_from_file_location("gemm_model_regret", ROOT / "benchmarks" / "tools" / "gemm_model_regret.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -21,11 +22,11 @@ def test_model_regret_on_measured_points():
     assert len(meas) >= 80
     rows = tool.regrets(meas)
     s = tool.summary(rows)
-    # session 13's refit: 1.012 / 1.175 at m <= 512, 1.005 / 1.017 above (the old model: 1.056 / 1.69, 1.0085 / 1.13)
+    # the current model: ~1.015 / 1.14 at m <= 512, ~1.005 / 1.02 above
     assert s["small_mean"] <= 1.02 and s["small_max"] <= 1.20, s
     assert s["large_mean"] <= 1.01 and s["large_max"] <= 1.05, s
     assert s["unmeasured_picks"] <= 6, s
-    # the bar points of issue 3 (m = 64-512 on the five shapes): the pick within 7 % of the fastest measured
+    # the grid's small-m points (m = 64-512 on the five shapes): the pick within 7 % of the fastest measured
     bar = {(m, n, k) for m in (64, 128, 256, 512) for n, k in ((6144, 12288), (12288, 6144), (8192, 8192), (28672, 8192), (8192, 28672))}
     worst = max((r, key, pick) for key, pick, r in rows if key in bar and r is not None)
     assert worst[0] <= 1.07, worst
