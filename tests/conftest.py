@@ -37,8 +37,7 @@ def gpu_available() -> tuple[bool, str]:
 def pytest_configure(config):
     """Under an MPI launcher with several processes on this node, each rank gets its own base temp
     dir (unless --basetemp is given): ranks sharing /tmp/pytest-of-<user> race in pytest's cleanup
-    of old numbered dirs, and one of them warns that it could not remove a `garbage-*` dir (seen
-    at 4 ranks, session 12)."""
+    of old numbered dirs, and one of them warns that it could not remove a `garbage-*` dir."""
     from rawflux.env import launcher_local
 
     local = launcher_local()
