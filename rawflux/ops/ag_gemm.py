@@ -402,7 +402,7 @@ class AGGemm(CollectiveOp):
             cfg = self.config(m)
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
-            cfg = replace(config, splits=1, stream_k=False, tail=0, band=0, narrow=0, ctas=ctas)
+            cfg = replace(config, decomp=tune.DP, ctas=ctas)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
             self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)

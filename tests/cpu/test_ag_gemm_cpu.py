@@ -619,6 +619,21 @@ def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
         op(FakeCAI(BASE, (129, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), stream=7)
 
 
+def test_a_given_config_runs_data_parallel(fake_cuda):
+    """config= of a split mode: the fused GEMM runs its tile data-parallel (the scheduler of the
+    fused ops does not split k), with the copy kernel's SMs left free on the "sm" path."""
+    from rawflux import tune
+
+    log, plans = fake_cuda
+    op = A.AGGemm(_Group(0, 2, log), 256, 64, 128, "bf16", copy="sm")
+    t = next(iter(tune.TILES))
+    for decomp in (tune.Decomp.split_k(3), tune.STREAM_K, tune.Decomp("tail", 3)):
+        op(FakeCAI(BASE, (128, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), out=FakeCAI(BASE + (1 << 30), (256, 64)), stream=7,
+           config=tune.GemmConfig(t, decomp))
+        cfg = plans[-1][0]
+        assert cfg.tile == t and cfg.decomp == tune.DP and cfg.ctas == 132 - op.copy_sms, cfg.tag()
+
+
 class _SameDeviceGroup:
     def __init__(self, same_device):
         self.same_device = same_device
