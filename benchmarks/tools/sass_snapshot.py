@@ -3,6 +3,10 @@
     python benchmarks/tools/sass_snapshot.py snap DIR        # compile every variant, write DIR/index.json + DIR/*.sass
     python benchmarks/tools/sass_snapshot.py diff OLD NEW    # compare two snapshots variant by variant
 
+The old snapshot comes from a worktree of the old commit, with this script copied out of the tree:
+    git worktree add /tmp/base REV && cp benchmarks/tools/sass_snapshot.py /tmp/ &&
+    (cd /tmp/base && PYTHONPATH=/tmp/base python /tmp/sass_snapshot.py snap /tmp/sass_old)
+
 NVRTC compiles on the CPU (no GPU needed); the SASS comes from `cuobjdump -sass` with the function
 header dropped, so two cubins compare equal when their instructions (and encodings) are the same.
 `diff` pairs variants by name; names that a refactor renamed are paired by `rename()` below.
