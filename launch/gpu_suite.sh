@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag and rs stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs rslocal tax mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -48,6 +48,10 @@ for stage in "$@"; do
       log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
     ag)
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
+    rslocal)
+      log rs_local_checks; timeout 200 python3 tests/gpu/rs_local_checks.py --worlds ${WORLDS:-2,4} 2>&1 | keep rs_local_checks || rc=1 ;;
+    tax)
+      log fusion_tax; timeout 400 python3 benchmarks/fusion_tax.py --json "$OUT/fusion-tax.json" 2>&1 | grep -a -E "fusion-tax|Error" || rc=1 ;;
     rs)
       log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | keep gemm_rs_checks || rc=1 ;;
     mpi)

@@ -171,15 +171,6 @@ def ag_copy_sms() -> int | None:
     return _positive_int("RAWFLUX_AG_COPY_SMS")
 
 
-# --- fused GEMM-ReduceScatter switches (rawflux.ops.gemm_rs) ------------------------------------
-
-
-def rs_reduce_ctas() -> int | None:
-    """RAWFLUX_RS_REDUCE_CTAS: CTAs of rawflux.gemm_rs's reduce kernel, the SMs it takes from the
-    GEMM (default: about 1/8 of the SMs)."""
-    return _positive_int("RAWFLUX_RS_REDUCE_CTAS")
-
-
 def commit_override() -> str | None:
     """RAWFLUX_COMMIT: the commit benchmark records name when rawflux runs from a copy without
     .git (the device machine gets a copy of the working tree); unset: ``git rev-parse HEAD``."""

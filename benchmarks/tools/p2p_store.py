@@ -2,7 +2,7 @@
 epilogue (each finished tile goes to its owner's buffer).
 
 One process, two GPUs with peer access (python benchmarks/tools/p2p_store.py; needs >= 2 GPUs):
-  regs   every thread stores 16-byte vectors from registers (st.global.v4), as ScatterStore does
+  regs   every thread stores 16-byte vectors from registers (st.global.v4), as GEMM-RS's fp32 partials do
   bulk   one thread per CTA copies a shared-memory buffer out with 1-D bulk copies
          (cp.async.bulk.global.shared::cta), the TMA engine draining it while the SM goes on
 to the local GPU's memory and to the peer's, with 1 .. all SMs writing. Each CTA writes

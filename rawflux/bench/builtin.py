@@ -86,8 +86,8 @@ register("ag_gemm", "rawflux", "fused", _fused("ag_gemm"), gemm_ref="rawflux_gem
 register("gemm_rs", "rawflux", "fused", _fused("gemm_rs"), gemm_ref="rawflux_gemm")
 
 
-def _gemm_rs_16bit_parts(ctx):
-    """rawflux.gemm_rs(partials='bf16' / 'f16'): half the bytes on the links"""
+def _gemm_rs_fp32_parts(ctx):
+    """rawflux.gemm_rs(partials='fp32'): twice the bytes on the links, one rounding fewer"""
     import cupy
 
     import rawflux
@@ -98,12 +98,11 @@ def _gemm_rs_16bit_parts(ctx):
     with cupy.cuda.Device(ctx.group.device_id):
         out = cupy.empty(ctx.problem.out_shape, ctx.dtype.np)
     sets, group, stream = ctx.sets, ctx.group, ctx.stream
-    part = "bf16" if ctx.dtype == DType.BF16 else "f16"
-    rawflux.gemm_rs(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials=part)
-    return lambda i: rawflux.gemm_rs(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials=part)
+    rawflux.gemm_rs(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials="fp32")
+    return lambda i: rawflux.gemm_rs(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials="fp32")
 
 
-register("gemm_rs", "rawflux.bf16parts", "fused", _gemm_rs_16bit_parts, gemm_ref="rawflux_gemm")
+register("gemm_rs", "rawflux.fp32parts", "fused", _gemm_rs_fp32_parts, gemm_ref="rawflux_gemm")
 
 
 # --------------------------------------------------------------------------------------------

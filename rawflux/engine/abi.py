@@ -35,8 +35,19 @@ TMA_STORE_EPI = "rawflux::TmaStore"
 
 # Prologues whose wait orders only the producer's own loads: no consumer refill under them.
 _NO_REFILL_PROLOGUES = frozenset({"rawflux::AgWait"})
-# Epilogues with TmaStore's staged boxes (Epilogue::kDeferrable).
-_STAGED_EPILOGUES = frozenset({TMA_STORE_EPI})
+# Epilogues with TmaStore's staged boxes, and those of them that take deferred boxes
+# (Epilogue::kDeferrable). GEMM-ReduceScatter's (fused/rs_epilogue.cuh) stages its boxes too and
+# keeps 64 bytes of state past them.
+RS_EPILOGUE_PREFIX = "rawflux::RsEpilogue<"
+_DEFERRABLE_EPILOGUES = frozenset({TMA_STORE_EPI})
+
+
+def _staged(epilogue: str) -> bool:
+    return epilogue in _DEFERRABLE_EPILOGUES or epilogue.startswith(RS_EPILOGUE_PREFIX)
+
+
+def _state_bytes(epilogue: str, tile: TileConfig) -> int:
+    return 64 if epilogue.startswith(RS_EPILOGUE_PREFIX) else 0  # RsEpilogue::kStateBytes
 
 SMEM_PER_CTA = tune.SMEM_PER_CTA
 _BOX_BYTES = 64 * 128  # TmaStore's staging box: 64 rows x 64 16-bit columns
@@ -73,7 +84,8 @@ def scratch_offset(tile: TileConfig) -> int:
 def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType) -> KernelOptions:
     """The options the engine compiles each variant with (measured on the H200, docs/decisions.md):
     - refill for the wide tiles (a k block of at least 128 x 224, whose tensor time covers the
-      refill's one-block delay), without multicast or in the 2x1 pair, under a prologue that allows it;
+      refill's one-block delay), without multicast or in the 2x1 pair, under a prologue that allows it
+      and not under GEMM-RS's epilogue (its producer loads extra blocks);
     - staging buffers: as many 64 x 64 boxes per warpgroup as the shared memory past the ring
       holds, at most 2 and at most a fragment's;
     - one deferred box where ptxas has room beside the accumulators: at most 128 of them, 128 only
@@ -81,14 +93,16 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
       together spill)."""
     wide = tile.bm * tile.bn >= 128 * 224
     pair_or_none = tile.cluster_m * tile.cluster_n == 1 or (tile.cluster_m, tile.cluster_n) == (2, 1)
-    refill = wide and pair_or_none and prologue not in _NO_REFILL_PROLOGUES
+    refill = wide and pair_or_none and prologue not in _NO_REFILL_PROLOGUES and not epilogue.startswith(RS_EPILOGUE_PREFIX)
     bufs = 0
-    if epilogue in _STAGED_EPILOGUES and out_dtype != DType.F32 and tile.wn % 64 == 0:
-        room = (SMEM_PER_CTA - 1024 - scratch_offset(tile)) // (_BOX_BYTES * tile.consumers)
-        bufs = min(room, tile.wn // 64, 2)
+    if _staged(epilogue) and out_dtype != DType.F32 and tile.wn % 64 == 0:
+        room = (SMEM_PER_CTA - 1024 - scratch_offset(tile) - _state_bytes(epilogue, tile)) // (_BOX_BYTES * tile.consumers)
+        bufs = max(0, min(room, tile.wn // 64, 2))
+        while bufs and (tile.wn // 64) % bufs:
+            bufs -= 1
     acc = tile.wn // 2
     defer = 0
-    if bufs and acc <= 128 and tile.cluster_k == 1 and not (acc == 128 and (tile.cluster_size != 2 or refill)):
+    if bufs and epilogue in _DEFERRABLE_EPILOGUES and acc <= 128 and tile.cluster_k == 1 and not (acc == 128 and (tile.cluster_size != 2 or refill)):
         defer = 1
     return KernelOptions(refill, defer, bufs)
 
@@ -96,15 +110,18 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
 def check_options(opts: KernelOptions, tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType) -> None:
     """Raises ValueError where GemmCfg's static_asserts would reject `opts` (before any compile)."""
     where = f"tile {tile.tag()} with {prologue} / {epilogue}"
+    if opts.refill and epilogue.startswith(RS_EPILOGUE_PREFIX):
+        raise ValueError(f"{where}: GEMM-RS's producer loads the own tiles' partials itself: no consumer refill")
     if opts.refill and (prologue in _NO_REFILL_PROLOGUES or not (tile.cluster_m * tile.cluster_n == 1
                                                                  or (tile.cluster_m, tile.cluster_n) == (2, 1))):
         raise ValueError(f"{where}: the consumer refill needs a prologue that allows it and no multicast but the 2x1 pair")
     if opts.store_bufs:
-        if epilogue not in _STAGED_EPILOGUES or out_dtype == DType.F32 or tile.wn % 64 or (tile.wn // 64) % opts.store_bufs:
+        if not _staged(epilogue) or out_dtype == DType.F32 or tile.wn % 64 or (tile.wn // 64) % opts.store_bufs:
             raise ValueError(f"{where}: staging buffers are TmaStore's, for 16-bit C in whole rounds of 64-column boxes")
-        if opts.store_bufs * _BOX_BYTES * tile.consumers > SMEM_PER_CTA - 1024 - scratch_offset(tile):
+        if opts.store_bufs * _BOX_BYTES * tile.consumers + _state_bytes(epilogue, tile) > SMEM_PER_CTA - 1024 - scratch_offset(tile):
             raise ValueError(f"{where}: {opts.store_bufs} staging buffers do not fit beside the stage ring")
-    if opts.defer_boxes and (not opts.store_bufs or opts.defer_boxes > tile.wn // 64 or tile.cluster_k > 1):
+    if opts.defer_boxes and (epilogue not in _DEFERRABLE_EPILOGUES or not opts.store_bufs or opts.defer_boxes > tile.wn // 64
+                             or tile.cluster_k > 1):
         raise ValueError(f"{where}: deferred boxes are staged boxes of the fragment, not in a k-split cluster")
 
 
@@ -120,10 +137,10 @@ def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str,
 
 def epilogue_scratch_bytes(tile: TileConfig, epilogue: str, out_dtype: DType, options: KernelOptions | None = None) -> int:
     """Shared memory the epilogue asks for (Epilogue::scratch_bytes<Cfg>(): TmaStore's staging)."""
-    if epilogue not in _STAGED_EPILOGUES:
+    if not _staged(epilogue):
         return 0
     o = options or kernel_options(tile, NOWAIT, epilogue, out_dtype)
-    return o.store_bufs * _BOX_BYTES * tile.consumers
+    return o.store_bufs * _BOX_BYTES * tile.consumers + _state_bytes(epilogue, tile)
 
 
 def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType, options: KernelOptions | None = None) -> int:

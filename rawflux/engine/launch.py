@@ -60,6 +60,41 @@ def tensor_map_code(ptr: int, code: int, rows: int, cols: int, ld: int, box_rows
     return raw
 
 
+def tensor_map_3d(ptr: int, code: int, cols: int, rows: int, slabs: int, slab_rows: int, box_rows: int, box_cols: int) -> bytes:
+    """128-byte CUtensorMap of `slabs` row-major (rows, cols) matrices of 16-bit elements, slab_rows
+    (>= rows) rows apart (dims cols, rows, slabs), boxes of box_rows x box_cols x 1, 128-byte
+    swizzle: a box is clipped at its slab's `rows`. Cached like tensor_map."""
+    key = ("3d", ptr, code, cols, rows, slabs, slab_rows, box_rows, box_cols)
+    hit = _tmap_cache.get(key)
+    if hit is not None:
+        return hit
+    from cuda.bindings import driver as drv
+
+    itemsize = 2
+    err, tm = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType(code),
+        3,
+        int(ptr),
+        [drv.cuuint64_t(int(cols)), drv.cuuint64_t(int(rows)), drv.cuuint64_t(int(slabs))],
+        [drv.cuuint64_t(int(cols) * itemsize), drv.cuuint64_t(int(slab_rows) * int(cols) * itemsize)],
+        [drv.cuuint32_t(int(box_cols)), drv.cuuint32_t(int(box_rows)), drv.cuuint32_t(1)],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err.name}) for {slabs} slabs of {rows}x{cols} (dtype code {code}) "
+                           f"at {ptr:#x}, box {box_rows}x{box_cols}")
+    raw = ctypes.string_at(int(tm.getPtr()), 128)
+    with _tmap_lock:
+        if len(_tmap_cache) >= _TMAP_CACHE_MAX:
+            _tmap_cache.clear()
+        _tmap_cache[key] = raw
+    return raw
+
+
 # ------------------------------------------------------------------------------------------------
 # epilogue parameters
 
@@ -89,11 +124,11 @@ class _ArgBlock(threading.local):
     """kernelParams for up to 6 arguments (gemm_kernel: tmap_a, tmap_b, GemmParams, prologue and
     epilogue params, tmap_a_tail), each 64-byte aligned (CUtensorMap needs 64)."""
 
-    OFFSETS = (0, 128, 256, 384, 640, 896)
-    SIZES = (128, 128, 128, 256, 256, 128)
+    OFFSETS = (0, 128, 256, 384, 640, 2048)
+    SIZES = (128, 128, 128, 256, 1408, 128)
 
     def __init__(self):
-        self.buf = ctypes.create_string_buffer(1024 + 64)
+        self.buf = ctypes.create_string_buffer(2176 + 64)
         base = (ctypes.addressof(self.buf) + 63) & ~63
         self.addrs = [base + o for o in self.OFFSETS]
         self.ptrs = (ctypes.c_void_p * 6)(*self.addrs)
@@ -144,6 +179,28 @@ def launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int
     if err != drv.CUresult.CUDA_SUCCESS:
         _, msg = drv.cuGetErrorString(err)
         raise RuntimeError(f"launch of {kernel.symbol} failed: {err.name}: {msg.decode() if msg else ''}")
+
+
+def max_active_clusters(kernel, threads: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` CTAs of `kernel` the device can hold at once (the driver's
+    occupancy query: GPCs with an odd SM count leave SMs no pair can use). A grid whose CTAs wait
+    on each other must not exceed it."""
+    from cuda.bindings import driver as drv
+
+    kernel.set_max_dynamic_smem(smem)
+    lc = drv.CUlaunchConfig()
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = cluster, 1, 1
+    lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
+    lc.sharedMemBytes = smem
+    at = drv.CUlaunchAttribute()
+    at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
+    lc.attrs = [at]
+    lc.numAttrs = 1
+    err, n = drv.cuOccupancyMaxActiveClusters(drv.CUfunction(kernel.handle), lc)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed for {kernel.symbol}: {err.name}")
+    return int(n)
 
 
 # ------------------------------------------------------------------------------------------------

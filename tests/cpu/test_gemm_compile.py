@@ -44,7 +44,7 @@ def test_smem_fits_and_stages():
 
 
 _GEMM_PARAM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n",
-                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "narrow_from", "pad", "workspace",
+                      "seg_count", "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "narrow_from", "own_delay", "workspace",
                       "counters", "timeout_ns")
 
 

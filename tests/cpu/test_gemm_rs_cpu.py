@@ -1,235 +1,93 @@
-"""CPU checks of rawflux.gemm_rs: tile / owner / flag math, the whole scatter + reduce protocol
-emulated in numpy (exact integer arithmetic), argument checks, the Python mirrors of the kernel
-structs (compiled as static_asserts with NVRTC), and the kernels' resource reports."""
+"""CPU checks of rawflux.gemm_rs (one kernel per call: the GEMM engine with RsSched's tile order and
+RsEpilogue): argument checks, the launch plan (GemmParams as the kernel reads them), the tiles it
+compiles, the buffer layout and the epilogue's parameter struct against the CUDA headers (NVRTC
+static_asserts, no GPU), and whole calls with every CUDA entry point faked: what is launched,
+with which parameters. The protocol's slot safety: tests/cpu/test_rs_protocol.py; the tile
+order: tests/cpu/test_rs_order.py."""
 from __future__ import annotations
 
-from tests.cpu.test_ag_gemm_cpu import fake_cuda  # noqa: F401,E402  (fixture: every CUDA entry point faked)
+import importlib
+import struct
 
-import numpy as np
 import pytest
 
-from rawflux import tune
+from rawflux import engine, tune
+from rawflux.dist.layout import OP_GEMM_RS
+from rawflux.engine import planning as P
+from rawflux.ops import _collective as C
 from rawflux.ops import gemm_rs as rs
-from rawflux.runtime import DType
-from tests.cpu.sched_port import raster
+from rawflux.runtime import DType, arrays
+from rawflux.tune.rs_order import per_owner_tiles, rows_per_owner
 
-TILES = list(tune.TILES)
+DEV = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20, name="fake")
+
+# GemmParams (gemm/config.cuh), in engine.GEMM_PARAMS's order
+GEMM_FIELDS = ("m", "n", "k", "tiles_m", "tiles_n", "k_blocks", "splits", "kb_per_split", "group", "raster_n", "seg_count",
+               "seg_start", "sk_tiles", "a_box_rows", "a_tail_rows", "tail_splits", "narrow_from", "own_delay", "workspace",
+               "counters", "timeout_ns")
+# RsEpilogue<kPart>::Params after its 1 + kRsMaxWorld tensor maps, in rs.EPI_TAIL's order
+TAIL_FIELDS = ("recv", "sync", "ctrl", "bias", "recv_peer", "sync_peer", "bias_kind", "m_loc", "tiles_cap", "rank", "world", "slot_rows",
+               "record")
+W8 = rs.MAX_WORLD
+TAIL_OFFSET = 128 * (1 + rs.MAX_WORLD)
 
 
 def _cdiv(a, b):
     return -(-a // b)
 
 
-def sched_order(m: int, n: int, t: tune.TileConfig, group: int, seg_count: int, seg_start: int):
-    """Python port of TileSchedT (gemm/scheduler.cuh), splits = 1, raster along n: the CTA tiles
-    in linear work-unit order (what the persistent CTAs walk, unit += grid)."""
-    tiles_m, tiles_n = _cdiv(m, t.bm), _cdiv(n, t.bn)
-    ctm, ctn = _cdiv(tiles_m, t.cluster_m), _cdiv(tiles_n, t.cluster_n)
-    shift = ((seg_start * (m // seg_count)) // (t.bm * t.cluster_m)) % ctm if seg_count > 1 else 0
-    for cu in range(ctm * ctn):
-        cm, cn = raster(cu, ctm, ctn, group)
-        cm = (cm + shift) % ctm
-        for rm in range(t.cluster_m):
-            for rn in range(t.cluster_n):
-                tm, tn = cm * t.cluster_m + rm, cn * t.cluster_n + rn
-                if tm < tiles_m and tn < tiles_n:
-                    yield tm, tn
+def gemm_params(raw: bytes) -> dict:
+    vals = engine.GEMM_PARAMS.unpack(raw)
+    assert len(vals) == len(GEMM_FIELDS)
+    return dict(zip(GEMM_FIELDS, vals))
 
 
-def emulate(m, n, k, world, t: tune.TileConfig, *, max_m=None, seed=0, epoch=7):
-    """Every rank's GEMM epilogue (route rows, flag owners) and every owner's reduce, in numpy.
-    Integer-valued inputs: every sum is exact, so the result must equal the reference exactly."""
-    rng = np.random.default_rng(seed)
-    max_m = max_m or m
-    a = [rng.integers(-3, 4, size=(m, k)).astype(np.float64) for _ in range(world)]
-    b = [rng.integers(-3, 4, size=(n, k)).astype(np.float64) for _ in range(world)]
-    m_loc = m // world
-    tiles_n = _cdiv(n, t.bn)
-    cap = rs.tiles_cap_for(max_m, n, [t])
-    parts = [np.full(max_m * n, np.nan) for _ in range(world)]
-    flags = [np.zeros(rs.flags_bytes(world, cap) // 4, dtype=np.int64) for _ in range(world)]
-    set_on = [set() for _ in range(world)]
-    for src in range(world):
-        p = a[src] @ b[src].T
-        visited = list(sched_order(m, n, t, 8, world, (src + 1) % world))
-        assert len(visited) == len(set(visited)) == _cdiv(m, t.bm) * tiles_n  # every tile exactly once
-        for tm, tn in visited:
-            c0, c1 = tn * t.bn, min(n, tn * t.bn + t.bn)
-            for g in range(tm * t.bm, tm * t.bm + t.bm):
-                route = rs.route_row(g, m, m_loc, src, n)
-                if route is None:
-                    assert g >= m
-                    continue
-                owner, off = route
-                assert 0 <= off and off + n <= max_m * n
-                parts[owner][off + c0:off + c1] = p[g, c0:c1]
-            for o in rs.tile_owners(tm, t.bm, m, m_loc):
-                idx = rs.flag_index(src, cap, tm, tiles_n, tn)
-                assert rs.FLAG_BASE <= idx < len(flags[o])
-                flags[o][idx] = epoch
-                set_on[o].add(idx)
-    outs = []
-    for o in range(world):
-        out = np.full((m_loc, n), np.nan)
-        waited = set()
-        for tm, tn, r0, r1, c0, c1 in rs.reduce_units(o, m_loc, t.bm, t.bn, n):
-            acc = None
-            for q in range(world):  # the fixed order
-                idx = rs.flag_index(q, cap, tm, tiles_n, tn)
-                assert flags[o][idx] == epoch, f"owner {o} would wait forever on source {q} tile ({tm},{tn})"
-                waited.add(idx)
-                base = q * m_loc * n
-                blk = np.stack([parts[o][base + (r - o * m_loc) * n + c0: base + (r - o * m_loc) * n + c1] for r in range(r0, r1)])
-                acc = blk if acc is None else acc + blk
-            assert np.isnan(out[r0 - o * m_loc:r1 - o * m_loc, c0:c1]).all(), "an element is reduced twice"
-            out[r0 - o * m_loc:r1 - o * m_loc, c0:c1] = acc
-        assert waited == set_on[o], "flags raised on an owner that never waits for them, or the reverse"
-        outs.append(out)
-    full = sum(a[q] @ b[q].T for q in range(world))
-    return outs, full, m_loc
+def epi_tail(raw: bytes) -> dict:
+    v = rs.EPI_TAIL.unpack(raw[TAIL_OFFSET:TAIL_OFFSET + rs.EPI_TAIL.size])
+    vals = v[:4] + (v[4:4 + W8], v[4 + W8:4 + 2 * W8]) + v[4 + 2 * W8:10 + 2 * W8]
+    return dict(zip(TAIL_FIELDS, vals)) | {"record": v[10 + 2 * W8:]}
 
 
-CASES = [
-    # (m, n, world, tile index): aligned, m/W < tile (decode), m/W not a multiple of the tile, tails in n
-    (256, 256, 2, 1),
-    (64, 384, 8, 5),  # m=64, W=8: 8 rows per rank inside one 64-row tile
-    (64, 256, 8, 0),  # 128-row cluster tile, half of it past m
-    (96, 200, 4, 6),  # 24 rows per rank; n not a multiple of bn
-    (384, 136, 3, 4),  # odd world, 128 rows per rank
-    (40, 128, 8, 2),  # 5 rows per rank, clustered 128x192
-    (1000, 264, 8, 3),  # 125 rows per rank: owners straddle tiles everywhere
-    (512, 512, 4, 0),
-]
+# --------------------------------------------------------------------------------------------
+# arguments
+
+OK_ARGS = dict(world=2, max_m=128, n=256, k=64, dtype="bf16", b_layout="nk", partials="fp32")
 
 
-@pytest.mark.parametrize("m,n,world,ti", CASES)
-def test_protocol_emulation_exact(m, n, world, ti):
-    t = TILES[ti]
-    outs, full, m_loc = emulate(m, n, 16, world, t, max_m=m + 64 * world)
-    for o, out in enumerate(outs):
-        assert not np.isnan(out).any(), f"rank {o}: some output element was never reduced"
-        np.testing.assert_array_equal(out, full[o * m_loc:(o + 1) * m_loc])
+def test_op_arguments_accepted():
+    assert rs.check_op_args(**OK_ARGS) == (DType.BF16, "fp32")
+    assert rs.check_op_args(**(OK_ARGS | dict(partials=None))) == (DType.BF16, "bf16")  # default: the output's type
+    assert rs.check_op_args(**(OK_ARGS | dict(dtype="f16", partials="f16", b_layout="kn"))) == (DType.F16, "f16")
+    assert rs.check_op_args(**(OK_ARGS | dict(world=8, max_m=8))) == (DType.BF16, "fp32")
 
 
-def test_emulation_can_fail():
-    """The emulation notices a wrong owner: shift one row's route and the result differs."""
-    t = TILES[1]
-    orig = rs.route_row
-
-    def bad(g, m, m_loc, src, n):
-        r = orig(g, m, m_loc, src, n)
-        if r is not None and g == 5:
-            return r[0], r[1] + n  # one row too low
-        return r
-
-    rs.route_row = bad
-    try:
-        outs, full, m_loc = emulate(256, 256, 16, 2, t)
-        assert any(not np.array_equal(o, full[i * m_loc:(i + 1) * m_loc]) for i, o in enumerate(outs))
-    finally:
-        rs.route_row = orig
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_rotation_visits_owners_in_turn_and_own_rows_last(world):
-    """Aligned case (m/W a multiple of 8 tile rows): rank r computes rank r+1's rows first, its
-    own last, and at every step the W ranks write to W different owners."""
-    t = tune.TileConfig(128, 256, 4)
-    n = 1024
-    m = world * 8 * 128
-    m_loc = m // world
-    per_seg = 8 * _cdiv(n, t.bn)
-    owners_by_src = []
-    for src in range(world):
-        order = list(sched_order(m, n, t, 8, world, (src + 1) % world))
-        owners = [tm * t.bm // m_loc for tm, _ in order]
-        segs = [owners[i * per_seg:(i + 1) * per_seg] for i in range(world)]
-        assert all(len(set(s)) == 1 for s in segs)
-        seq = [s[0] for s in segs]
-        assert seq == [(src + 1 + i) % world for i in range(world)]
-        assert seq[-1] == src
-        owners_by_src.append(seq)
-    for step in range(world):
-        assert sorted(owners_by_src[s][step] for s in range(world)) == list(range(world))
+@pytest.mark.parametrize("bad,exc,msg", [
+    (dict(dtype="f32"), TypeError, "bf16 or f16"),
+    (dict(b_layout="tn"), ValueError, "b_layout"),
+    (dict(partials="fp8"), ValueError, "partials"),
+    (dict(partials="f16"), ValueError, "partials='f16'"),  # 16-bit partials have the output's type
+    (dict(dtype="f16", partials="bf16"), ValueError, "partials='bf16'"),
+    (dict(n=100), ValueError, "multiples of 8"),
+    (dict(k=12), ValueError, "multiples of 8"),
+    (dict(max_m=1), ValueError, "smaller than the world size"),
+    (dict(max_m=0), ValueError, "positive"),
+    (dict(n=2.0), ValueError, "positive int"),
+    (dict(k=True), ValueError, "positive int"),
+    (dict(world=9, max_m=64), ValueError, "at most 8"),
+])
+def test_op_arguments_rejected(bad, exc, msg):
+    with pytest.raises(exc, match=msg):
+        rs.check_op_args(**(OK_ARGS | bad))
 
 
-def test_tile_owners_and_reduce_units_cover_rows():
-    for m, world, bm in [(64, 8, 64), (64, 8, 128), (1000, 8, 128), (96, 4, 64), (8, 8, 64)]:
-        m_loc = m // world
-        for tm in range(_cdiv(m, bm)):
-            own = list(rs.tile_owners(tm, bm, m, m_loc))
-            rows = range(tm * bm, min(m, tm * bm + bm))
-            assert own == sorted({g // m_loc for g in rows})
-        for o in range(world):
-            rows = set()
-            for tm, tn, r0, r1, c0, c1 in rs.reduce_units(o, m_loc, bm, 128, 256):
-                assert o in rs.tile_owners(tm, bm, m, m_loc)
-                if tn == 0:
-                    assert not rows & set(range(r0, r1))
-                    rows |= set(range(r0, r1))
-            assert rows == set(range(o * m_loc, (o + 1) * m_loc))
-
-
-def test_flag_indices_fit_and_are_distinct():
-    world = 4
-    for max_m, n in [(64, 128), (1000, 264), (4096, 1024)]:
-        cap = rs.tiles_cap_for(max_m, n, TILES)
-        limit = rs.flags_bytes(world, cap) // 4
-        for t in TILES:
-            for m in {world, max_m // 2 // world * world or world, max_m // world * world}:
-                tiles_m, tiles_n = _cdiv(m, t.bm), _cdiv(n, t.bn)
-                idx = {rs.flag_index(s, cap, tm, tiles_n, tn)
-                       for s in range(world) for tm in range(tiles_m) for tn in range(tiles_n)}
-                assert len(idx) == world * tiles_m * tiles_n
-                assert min(idx) >= rs.FLAG_BASE and max(idx) < limit
-
-
-def test_choose_config_is_deterministic_and_protocol_safe():
-    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20)
-    for m, n, k, layout in [(64, 12288, 6144, "nk"), (8192, 8192, 1024, "kn"), (1000, 264, 512, "nk")]:
-        a = rs.choose_config(m, n, k, layout, dev, 128, 4)
-        b = rs.choose_config(m, n, k, layout, dev, 128, 4)
-        assert a == b
-        assert a.splits == 1 and not a.raster_n and a.ctas == 128 and a.tile.supports(layout)
-    small = tune.DeviceInfo(sms=14, cc=(9, 0), l2_bytes=50 << 20)
-    cfg = rs.choose_config(512, 1024, 512, "nk", small, 1, 4)
-    assert cfg.tile.cluster_size == 1  # a cluster of 2 cannot run on 1 CTA
-
-
-def test_plan_call():
-    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20)
-    cap = rs.tiles_cap_for(1024, 512, TILES)
-    p = rs.plan_call(256, n=512, k=256, dtype=DType.BF16, b_layout="nk", partials="fp32", rank=3, world=4, dev=dev,
-                     gemm_ctas=128, reduce_ctas=4, tiles_cap=cap, parts_table=1, flags_table=2, epoch_ptr=3)
-    assert p.m_loc == 64 and p.seg_start == 0 and 1 <= p.reduce_grid <= 4 and p.tail_grid >= 1
-    assert p.fields[:6] == (256, 512, 256, 1, 0, 2) and p.fields[6:] == (p.cfg.tile.bm, p.cfg.tile.bn)
-    assert p.cfg.splits == 1 and p.cfg.ctas == 128
-    assert rs.SCATTER_PARAMS.unpack(p.epi_params) == (1, 2, 3, 512, 64, cap, 3, 4)
-    with pytest.raises(ValueError, match="flags per source"):
-        rs.plan_call(4096, n=512, k=256, dtype=DType.BF16, b_layout="nk", partials="fp32", rank=0, world=4, dev=dev,
-                     gemm_ctas=128, reduce_ctas=4, tiles_cap=cap)
-
-
-def test_argument_checks():
-    ok = dict(world=2, max_m=128, n=256, k=64, dtype="bf16", b_layout="nk", partials="fp32")
-    assert rs.check_op_args(**ok) == DType.BF16
-    for bad, exc, msg in [
-        (dict(dtype="f32"), TypeError, "bf16 or f16"),
-        (dict(b_layout="tn"), ValueError, "b_layout"),
-        (dict(partials="fp8"), ValueError, "partials"),
-        (dict(n=100), ValueError, "multiples of 8"),
-        (dict(k=12), ValueError, "multiples of 8"),
-        (dict(max_m=1), ValueError, "smaller than the world size"),
-        (dict(max_m=0), ValueError, "positive"),
-    ]:
-        with pytest.raises(exc, match=msg):
-            rs.check_op_args(**(ok | bad))
+def test_check_m():
     assert rs.check_m(64, 128, 8) == 8
-    with pytest.raises(ValueError, match="not a multiple of the world size 8"):
+    assert rs.check_m(128, 128, 8) == 16
+    with pytest.raises(ValueError, match="not a multiple of the world size 8.*pad m to 64"):
         rs.check_m(60, 128, 8)
     with pytest.raises(ValueError, match="exceeds the op's capacity"):
         rs.check_m(256, 128, 8)
-    with pytest.raises(ValueError, match="at least"):
+    with pytest.raises(ValueError, match="at least 8"):
         rs.check_m(0, 128, 8)
 
 
@@ -240,290 +98,479 @@ def test_functional_form_rejects_bad_options_before_any_group():
         rs.gemm_rs(None, None, object(), partials="int8")
 
 
-def test_default_reduce_ctas(monkeypatch):
-    monkeypatch.delenv("RAWFLUX_RS_REDUCE_CTAS", raising=False)
-    assert rs.default_reduce_ctas(132, 8) == 4
-    assert rs.default_reduce_ctas(14, 8) == 1
-    monkeypatch.setenv("RAWFLUX_RS_REDUCE_CTAS", "20")
-    assert rs.default_reduce_ctas(132, 8) == 20
-    assert rs.default_reduce_ctas(14, 8) == 7  # capped at half the SMs
-    monkeypatch.setenv("RAWFLUX_RS_REDUCE_CTAS", "x")
-    with pytest.raises(ValueError, match="RAWFLUX_RS_REDUCE_CTAS"):
-        rs.default_reduce_ctas(132, 8)
+# --------------------------------------------------------------------------------------------
+# the tiles GEMM-RS compiles
+
+
+@pytest.mark.parametrize("layout", rs.B_LAYOUTS)
+def test_rs_tiles(layout):
+    tiles = rs.rs_tiles(layout)
+    assert tiles
+    for t in tiles:
+        assert t.supports(layout) and t in tune.tiles_for(layout)
+        assert t.cluster_k == 1  # no k-split cluster (RsSchedT's static_assert)
+        assert t.wn % 64 == 0 and t.wn // 2 < 128  # whole 64-column boxes; fewer than 128 accumulators a thread
+        assert t.consumers <= 2  # kRsFlagsPerTile flags a tile
+        opts = engine.kernel_options(t, engine.NOWAIT, rs.rs_epilogue("bf16"), DType.BF16)
+        assert opts.store_bufs > 0 and opts.defer_boxes == 0
+    every = tune.tiles_for(layout)
+    assert any(t.wn == 256 for t in every) and not any(t.wn == 256 for t in tiles)  # 128 accumulators: left out
 
 
 def test_variants_registered():
     from rawflux.jit import variants
 
     names = {v.name_expr for v in variants() if v.relpath == rs.KERNEL_FILE}
-    for dt in rs.DTYPES:
-        assert rs.reduce_kernel_name("fp32", dt) in names
-        for layout in rs.B_LAYOUTS:
-            for t in tune.tiles_for(layout):
-                assert rs.gemm_kernel_name(t, dt, layout, "fp32") in names
+    want = {rs.gemm_kernel_name(t, dt, layout, part) for dt in rs.DTYPES for part in (dt.tag, "fp32") for layout in rs.B_LAYOUTS
+            for t in rs.rs_tiles(layout)}
+    assert names == want
+    assert all(v.archs == ("sm_90a",) for v in variants() if v.relpath == rs.KERNEL_FILE)
+    name = rs.gemm_kernel_name(rs.rs_tiles("nk")[0], DType.F16, "nk", "fp32")
+    assert "rawflux::RsSched" in name and f"rawflux::RsEpilogue<{rs.PARTIALS['fp32'][0]}>" in name
+
+
+def test_tiles_cap_for():
+    tiles = rs.rs_tiles("nk")
+    for max_m, world, n in [(64, 8, 128), (1000, 8, 264), (4096, 4, 1024), (8, 8, 8), (3, 2, 64)]:
+        m_loc = max(1, max_m // world)
+        cap = rs.tiles_cap_for(max_m, world, n, tiles)
+        assert cap == max(rows_per_owner(m_loc, t) * _cdiv(n, t.bn) for t in tiles)
+        # every call of the op fits, with every tile
+        for m in range(world, max_m + 1, world):
+            for t in tiles:
+                assert rows_per_owner(m // world, t) * _cdiv(n, t.bn) <= cap
 
 
 # --------------------------------------------------------------------------------------------
-# NVRTC: the Python mirrors agree with the CUDA structs; the kernels compile without spills
+# the launch plan
+
+
+@pytest.mark.parametrize("m,n,k,world,rank,partials,layout", [
+    (256, 512, 256, 4, 3, "fp32", "nk"),
+    (64, 12288, 6144, 8, 0, "bf16", "nk"),
+    (1000, 264, 512, 8, 5, "bf16", "kn"),  # 125 rows per owner: padded tile rows
+    (8192, 8192, 1024, 2, 1, "fp32", "kn"),
+    (24, 128, 64, 8, 7, "bf16", "nk"),  # 3 rows per owner
+])
+def test_plan_call(m, n, k, world, rank, partials, layout):
+    tiles = rs.rs_tiles(layout)
+    cap = rs.tiles_cap_for(m, world, n, tiles)
+    p = rs.plan_call(m, n=n, k=k, dtype=DType.BF16, b_layout=layout, partials=partials, world=world, rank=rank, dev=DEV, ctas=128,
+                     tiles_cap=cap, timeout_ns=12345)
+    t = p.cfg.tile
+    m_loc = m // world
+    assert p.m == m and p.m_loc == m_loc
+    assert t in tiles and p.cfg.decomp == tune.DP and not p.cfg.raster_n and p.cfg.ctas == 128
+    assert p.cfg == rs.choose_config(m, n, k, layout, DEV, 128, world, rs.PARTIALS[partials][1])
+    assert p.rows_per_owner == rows_per_owner(m_loc, t) and p.per_owner == per_owner_tiles(m_loc, n, t)
+    assert p.clusters == max(1, min(128 // t.cluster_size, world * p.per_owner)) and p.own_delay == p.clusters
+    g = gemm_params(p.params)
+    kb = _cdiv(k, tune.BK)
+    assert g == dict(m=m, n=n, k=k, tiles_m=world * p.rows_per_owner, tiles_n=_cdiv(n, t.bn), k_blocks=kb, splits=1, kb_per_split=kb,
+                     group=max(1, p.cfg.group), raster_n=0, seg_count=world, seg_start=rank, sk_tiles=0,
+                     a_box_rows=tune.a_box_rows(t, m), a_tail_rows=tune.a_tail_rows(t, m), tail_splits=0, narrow_from=0,
+                     own_delay=p.clusters, workspace=0, counters=0, timeout_ns=12345)
+    part_code = rs.PARTIALS[partials][0]
+    assert p.fields == (m, n, k, C.DTYPE_CODE[DType.BF16], rs._LAYOUT_CODE[layout], part_code, t.bm, t.bn, t.cluster_m, t.cluster_n,
+                        t.consumers)
+    assert len(p.fields) == len(rs.GemmRS.META_FIELDS) <= C.META_FIELDS_MAX
+
+
+def test_plan_call_options():
+    t = next(t for t in rs.rs_tiles("nk") if t.cluster_size == 2)
+    cap = rs.tiles_cap_for(4096, 4, 1024, [t])
+    kw = dict(n=1024, k=512, dtype=DType.F16, b_layout="nk", partials="f16", world=4, rank=2, dev=DEV, tiles_cap=cap)
+    # a given configuration: its decomposition and grid are the op's (data-parallel on `ctas`)
+    p = rs.plan_call(4096, ctas=100, config=tune.GemmConfig(t, tune.Decomp.split_k(3), raster_n=True, ctas=7), **kw)
+    assert p.cfg.tile == t and p.cfg.decomp == tune.DP and not p.cfg.raster_n and p.cfg.ctas == 100
+    assert gemm_params(p.params)["splits"] == 1 and p.clusters == 50
+    # own_delay overrides the delay only
+    q = rs.plan_call(4096, ctas=100, config=tune.GemmConfig(t), own_delay=3, **kw)
+    assert q.own_delay == 3 and q.clusters == 50 and gemm_params(q.params)["own_delay"] == 3
+    # the grid never exceeds the tiles: a small call runs on fewer clusters than the device has
+    r = rs.plan_call(16, ctas=132, config=tune.GemmConfig(t), **kw)
+    assert r.clusters == 4 * r.per_owner < 66
+    # the tile is chosen for tile_ctas, the grid is ctas
+    a = rs.plan_call(256, n=2048, k=4096, dtype=DType.BF16, b_layout="nk", partials="bf16", world=4, rank=0, dev=DEV, ctas=132,
+                     tiles_cap=rs.tiles_cap_for(256, 4, 2048, rs.rs_tiles("nk")), tile_ctas=60)
+    assert a.cfg.tile == rs.choose_config(256, 2048, 4096, "nk", DEV, 60, 4).tile and a.cfg.ctas == 132
+    # the flags the op holds bound the calls it can plan
+    with pytest.raises(ValueError, match="flags per source"):
+        rs.plan_call(8192, ctas=100, config=tune.GemmConfig(t), **kw)
+
+
+def test_plan_call_timeout_default(monkeypatch):
+    monkeypatch.setenv("RAWFLUX_WAIT_TIMEOUT_S", "3")
+    p = rs.plan_call(256, n=512, k=256, dtype=DType.BF16, b_layout="nk", partials="bf16", world=2, rank=0, dev=DEV, ctas=132,
+                     tiles_cap=rs.tiles_cap_for(256, 2, 512, rs.rs_tiles("nk")))
+    assert gemm_params(p.params)["timeout_ns"] == 3 * 10**9
+
+
+def test_choose_config_is_deterministic_and_protocol_safe():
+    for m, n, k, layout in [(64, 12288, 6144, "nk"), (8192, 8192, 1024, "kn"), (1000, 264, 512, "nk")]:
+        a = rs.choose_config(m, n, k, layout, DEV, 128, 4)
+        assert a == rs.choose_config(m, n, k, layout, DEV, 128, 4)
+        assert a.splits == 1 and not a.raster_n and a.ctas == 128 and a.tile in rs.rs_tiles(layout)
+    cfg = rs.choose_config(512, 1024, 512, "nk", tune.DeviceInfo(sms=14, cc=(9, 0), l2_bytes=50 << 20), 1, 4)
+    assert cfg.tile.cluster_size == 1  # a cluster of 2 cannot run on 1 CTA
+    with pytest.raises(ValueError, match="no tile configuration"):
+        rs.choose_config(512, 1024, 512, "nk", DEV, 1, 4, tiles=[t for t in rs.rs_tiles("nk") if t.cluster_size == 2])
+
+
+# --------------------------------------------------------------------------------------------
+# the buffer layout (fused/rs_layout.cuh)
+
+
+def test_layout_constants():
+    assert (rs.EPOCH_OFFSET, rs.DONE_OFFSET, rs.RECORDS_OFFSET) == (0, 64, 128)
+    assert rs.RECORD_BYTES == C.META_SLOT_BYTES
+    assert rs.FLAGS_OFFSET == rs.RECORDS_OFFSET + 2 * rs.MAX_WORLD * rs.RECORD_BYTES
+    assert rs.EPI_TAIL.size == (4 + 2 * W8) * 8 + 6 * 4 + 4 * C.META_WORDS
+    assert rs.EPI_PARAMS_BYTES == _cdiv(TAIL_OFFSET + rs.EPI_TAIL.size, 64) * 64
+    # kernelParams' room for the epilogue's parameters (engine/launch.py _ArgBlock)
+    from rawflux.engine.launch import _ArgBlock
+
+    assert _ArgBlock.SIZES[4] >= rs.EPI_PARAMS_BYTES
+    assert _ArgBlock.OFFSETS[4] + _ArgBlock.SIZES[4] <= _ArgBlock.OFFSETS[5]
+
+
+@pytest.mark.parametrize("world,tiles_cap", [(2, 1), (3, 7), (8, 40)])
+def test_records_and_flags_fit_and_are_distinct(world, tiles_cap):
+    size = rs.sync_bytes(world, tiles_cap)
+    recs = [rs.record_offset(p, s) for p in (0, 1) for s in range(world)]
+    assert len(set(recs)) == len(recs)
+    assert all(rs.RECORDS_OFFSET <= o and o + rs.RECORD_BYTES <= rs.FLAGS_OFFSET and o % 16 == 0 for o in recs)
+    flags = [rs.flag_offset(p, world, s, tiles_cap, t, c) for p in (0, 1) for s in range(world) for t in range(tiles_cap)
+             for c in range(rs.FLAGS_PER_TILE)]
+    assert len(set(flags)) == len(flags) and min(flags) == rs.FLAGS_OFFSET and max(flags) + 4 == size
+    assert all(o % 4 == 0 for o in flags)
+    assert rs.DONE_OFFSET + 4 <= rs.RECORDS_OFFSET and rs.EPOCH_OFFSET + 4 <= rs.DONE_OFFSET
+
+
+@pytest.mark.parametrize("world,m,n", [(2, 256, 512), (8, 64, 136), (3, 9, 8)])
+def test_slots_tile_the_receive_buffer(world, m, n):
+    m_loc = m // world
+    rows = [rs.slot_row(p, world, s, m_loc, r, n) for p in (0, 1) for s in range(world) for r in range(m_loc)]
+    assert rows == list(range(0, 2 * m * n, n))  # slot (p, s) = rows (p W + s) m_loc .. of one (2 m, n) array
+    for part_bytes in (2, 4):
+        assert rs.recv_bytes(m, n, part_bytes) == 2 * m * n * part_bytes
+        assert (max(rows) + n) * part_bytes <= rs.recv_bytes(m, n, part_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# NVRTC: the Python mirrors agree with the CUDA headers (no GPU)
 
 
 def _nvrtc():
-    try:
-        from rawflux.jit import compile_cubin, nvrtc_version
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from rawflux.jit import compile_cubin
 
-        nvrtc_version()
-        return compile_cubin
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"NVRTC unavailable: {e}")
+    return compile_cubin
 
 
-def test_struct_layouts_match_python():
+def _layout_asserts() -> str:
+    lines = ['#include "rawflux/fused/rs_epilogue.cuh"', "namespace rawflux {"]
+    for part, (code, nbytes) in rs.PARTIALS.items():
+        ps = f"RsEpilogue<{code}>::Params"
+        lines += [
+            f'static_assert(sizeof({ps}) == {rs.EPI_PARAMS_BYTES}, "{part}: sizeof(Params)");',
+            f'static_assert(alignof({ps}) == 64, "{part}: Params alignment (its tensor maps)");',
+            f'static_assert(__builtin_offsetof({ps}, tmap_out) == 0, "{part}: Params.tmap_out");',
+            f'static_assert(__builtin_offsetof({ps}, tmap_recv) == 128, "{part}: Params.tmap_recv");',
+            f'static_assert(RsEpilogue<{code}>::kPartBytes == {nbytes}, "{part}: kPartBytes");',
+            f'static_assert(RsEpilogue<{code}>::kStateBytes == 64, "{part}: kStateBytes (engine.abi._state_bytes)");',
+        ]
+        off = TAIL_OFFSET
+        for name, fmt in zip(TAIL_FIELDS, ("Q",) * 4 + (f"{W8}Q",) * 2 + ("i",) * 6 + (f"{C.META_WORDS}I",)):
+            lines.append(f'static_assert(__builtin_offsetof({ps}, {name}) == {off}, "{part}: Params.{name}");')
+            off += struct.calcsize("<" + fmt)
+    lines += [
+        f'static_assert(sizeof(RsEpilogue<0>::Params::record) == {4 * C.META_WORDS}, "Params.record");',
+        f'static_assert(kRsMaxWorld == {rs.MAX_WORLD}, "kRsMaxWorld");',
+        f'static_assert(kRsEpochOffset == {rs.EPOCH_OFFSET} && kRsDoneOffset == {rs.DONE_OFFSET}, "epoch / done words");',
+        f'static_assert(kRsRecordsOffset == {rs.RECORDS_OFFSET}, "kRsRecordsOffset");',
+        f'static_assert(kRsFlagsOffset == {rs.FLAGS_OFFSET}, "kRsFlagsOffset");',
+        f'static_assert(kRsFlagsPerTile == {rs.FLAGS_PER_TILE}, "kRsFlagsPerTile");',
+        f'static_assert(kMetaSlotBytes == {rs.RECORD_BYTES} && kMetaWords == {C.META_WORDS}, "record size");',
+        f'static_assert(kRsPartBF16 == {rs.PARTIALS["bf16"][0]} && kRsPartF16 == {rs.PARTIALS["f16"][0]} && '
+        f'kRsPartF32 == {rs.PARTIALS["fp32"][0]}, "partial codes");',
+        f'static_assert(epi::kBiasNone == {engine.BIAS_NONE} && epi::kBiasIn16 == {engine.BIAS_IN16} && '
+        f'epi::kBiasF32 == {engine.BIAS_F32}, "bias kinds");',
+        f'static_assert(kOpGemmRs == {OP_GEMM_RS}, "op id");',
+        "}  // namespace rawflux",
+        "__global__ void rs_layout_probe() {}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_layout_matches_cuda():
     compile_cubin = _nvrtc()
-    src = f"""
-#include "rawflux/kernels/gemm_rs.cu"
-namespace rawflux {{
-using SP = ScatterStore<2>::Params;
-static_assert(sizeof(SP) == {rs.SCATTER_PARAMS.size}, "ScatterStore::Params size");
-static_assert(__builtin_offsetof(SP, parts_peers) == 0 && __builtin_offsetof(SP, flags_peers) == 8, "SP");
-static_assert(__builtin_offsetof(SP, epoch) == 16 && __builtin_offsetof(SP, ld) == 24, "SP");
-static_assert(__builtin_offsetof(SP, m_loc) == 32 && __builtin_offsetof(SP, tiles_cap) == 36, "SP");
-static_assert(__builtin_offsetof(SP, rank) == 40 && __builtin_offsetof(SP, world) == 44, "SP");
-static_assert(sizeof(RsReduceParams) == {rs.REDUCE_PARAMS.size}, "RsReduceParams size");
-static_assert(__builtin_offsetof(RsReduceParams, out) == 32 && __builtin_offsetof(RsReduceParams, bias) == 40, "RP");
-static_assert(__builtin_offsetof(RsReduceParams, m) == 48 && __builtin_offsetof(RsReduceParams, bias_kind) == 76, "RP");
-static_assert(__builtin_offsetof(RsReduceParams, bm) == 60 && __builtin_offsetof(RsReduceParams, tiles_cap) == 72, "RP");
-static_assert(kRsFlagBase == {rs.FLAG_BASE} && kRsReduceThreads == {rs.REDUCE_THREADS}, "constants");
-static_assert(kRsPartF32 == {rs.PARTIALS['fp32'][0]} && kRsPartBF16 == {rs.PARTIALS['bf16'][0]} && kRsPartF16 == {rs.PARTIALS['f16'][0]}, "partials");
-static_assert(epi::kBiasNone == {rs.BIAS_NONE} && epi::kBiasIn16 == {rs.BIAS_IN16} && epi::kBiasF32 == {rs.BIAS_F32}, "bias");
-static_assert(kOpGemmRs == {rs.OP_GEMM_RS}, "op id");
-}}
-__global__ void rawflux_rs_layout_probe() {{}}
-"""
-    compile_cubin(src, arch="sm_90a", filename="rs_layout_probe.cu")
+    assert "Params, recv) == 1152" in _layout_asserts()
+    compile_cubin(_layout_asserts(), arch="sm_90a", filename="rs_layout_probe.cu")
 
 
-def test_kernels_compile_without_spills():
+def test_layout_check_can_fail():
+    compile_cubin = _nvrtc()
+    good = _layout_asserts()
+    for old, new, what in [(f"kRsFlagsOffset == {rs.FLAGS_OFFSET}", f"kRsFlagsOffset == {rs.FLAGS_OFFSET + 4}", "kRsFlagsOffset"),
+                           ("Params, m_loc) == 1316", "Params, m_loc) == 1320", "Params.m_loc")]:
+        broken = good.replace(old, new)
+        assert broken != good
+        with pytest.raises(Exception, match=what):
+            compile_cubin(broken, arch="sm_90a", filename="rs_layout_probe.cu")
+
+
+@pytest.mark.parametrize("layout,dtype,partials", [("nk", DType.BF16, "bf16"), ("kn", DType.F16, "fp32")])
+def test_rs_kernels_compile_without_spills(layout, dtype, partials):
+    """One registered variant per partial kind (python -m rawflux.check_kernels compiles them all)."""
     compile_cubin = _nvrtc()
     from rawflux.jit import kernel_source
 
-    t = tune.TileConfig(128, 256, tune.max_stages(128, 256), cluster_m=2)
-    names = [rs.reduce_kernel_name("fp32", DType.BF16), rs.reduce_kernel_name("bf16", DType.BF16),
-             rs.gemm_kernel_name(t, DType.BF16, "nk", "fp32"), rs.gemm_kernel_name(tune.TileConfig(64, 128, 8), DType.F16, "kn", "f16")]
-    res = compile_cubin(kernel_source(rs.KERNEL_FILE), arch="sm_90a", name_expressions=tuple(names), filename=rs.KERNEL_FILE)
+    names = tuple(rs.gemm_kernel_name(t, dtype, layout, partials) for t in rs.rs_tiles(layout)[:2])
+    res = compile_cubin(kernel_source(rs.KERNEL_FILE), arch="sm_90a", name_expressions=names, filename=rs.KERNEL_FILE)
     for name in names:
         r = res.resources[res.lowered[name]]
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack"] == 0, (name, r)
 
 
 # --------------------------------------------------------------------------------------------
-# the fp32 scatter store's lane-pair exchange (rs::store_rows_f32), simulated lane by lane
+# whole calls with every CUDA entry point faked
+
+BASE = 0x7F00_0000_0000
 
 
-def _frag_value(tid, reg, wn):
-    """The accumulator layout of wgmma m64nNk16 (gemm/epilogue.cuh Frag): (row, col) of a register."""
-    row = 16 * (tid // 32) + (tid % 32) // 4 + 8 * ((reg % 4) // 2)
-    col = 8 * (reg // 4) + 2 * (tid % 4) + (reg % 2)
-    return row, col
+class FakeCAI:
+    def __init__(self, ptr, shape, typestr="<V2", strides=None):
+        self.__cuda_array_interface__ = {"version": 3, "data": (ptr, False), "shape": tuple(shape), "typestr": typestr,
+                                         "strides": strides}
 
 
-@pytest.mark.parametrize("wn", [16, 48, 64, 128, 160, 224, 256])
-def test_store_rows_f32_exchange(wn):
-    regs = wn // 2
-    truth = np.arange(64 * wn, dtype=np.float64).reshape(64, wn)
-    acc = np.zeros((128, regs))
-    for tid in range(128):
-        for reg in range(regs):
-            acc[tid, reg] = truth[_frag_value(tid, reg, wn)]
-    got = np.full((64, wn), np.nan)
-    for j in range(0, regs // 4, 2):
-        # __shfl_xor_sync(v, 1): lane t receives lane t^1's value, within each warp
-        send = {}
-        for tid in range(128):
-            q = tid % 4
-            odd = q & 1
-            x = acc[tid, [4 * j + 0, 4 * j + 1, 4 * j + 2, 4 * j + 3]]
-            y = acc[tid, [4 * j + 4, 4 * j + 5, 4 * j + 6, 4 * j + 7]]
-            send[tid] = (x if odd else y)
-        for tid in range(128):
-            q = tid % 4
-            odd = q & 1
-            recv = send[tid ^ 1]
-            xa0, xa1, xb0, xb1 = acc[tid, [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3]]
-            ya0, ya1, yb0, yb1 = acc[tid, [4 * j + 4, 4 * j + 5, 4 * j + 6, 4 * j + 7]]
-            ra0, ra1, rb0, rb1 = recv
-            col = 8 * (j + 1) + 2 * (q - 1) if odd else 8 * j + 2 * q
-            ra = 16 * (tid // 32) + (tid % 32) // 4
-            va = (ra0, ra1, ya0, ya1) if odd else (xa0, xa1, ra0, ra1)
-            vb = (rb0, rb1, yb0, yb1) if odd else (xb0, xb1, rb0, rb1)
-            for row, v in ((ra, va), (ra + 8, vb)):
-                assert np.isnan(got[row, col:col + 4]).all(), "two lanes store the same chunk"
-                got[row, col:col + 4] = v
-    np.testing.assert_array_equal(got, truth)
+class FakeGroup:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
 
 
-# --------------------------------------------------------------------------------------------
-# a whole call at world 4 with every CUDA entry point faked: the order of what is issued
+def _fake_map(*args) -> bytes:
+    """A 'tensor map' that spells its arguments (ints), so the tests can read them back."""
+    raw = struct.pack(f"<{len(args)}q", *(int(a) for a in args))
+    return raw + bytes(128 - len(raw))
 
 
-def test_the_gemm_is_queued_before_the_reducers_that_wait_on_it(fake_cuda, monkeypatch):
-    """Streams may share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1; MPS): a reduce kernel
-    queued before the GEMM whose flags it spins on would hold that GEMM back until it times out
-    (seen on the emulated node, 2026-11-29). The GEMM must be issued first, and its kernel
-    resolved before the call issues anything."""
-    from rawflux.ops import _collective as C
-    from rawflux.ops import gemm_rs as R
-    from tests.cpu.test_ag_gemm_cpu import BASE, FakeCAI, _Group, _Kernel
+def _read_map(raw: bytes, count: int) -> tuple:
+    return struct.unpack(f"<{count}q", raw[:8 * count])
 
-    log, _ = fake_cuda
 
-    class _ExKernel(_Kernel):
-        def launch_ex(self, grid, block, args, stream=None, **kw):
-            log.append(("kernel", self.name.split("::")[-1].split("<")[0], stream))
+@pytest.fixture
+def fake_device(monkeypatch):
+    """tune.device_info, pointers, tensor maps, kernel loading and launching faked; returns the
+    launch log and a setter for the device's SM count."""
+    L = importlib.import_module("rawflux.engine.launch")  # the module (rawflux.engine.launch is also a function's name)
 
-    monkeypatch.setattr(C, "get_kernel", lambda rel, name, device_id=None: _ExKernel(name, log))
-    class _Plan:
-        def launch(self, a_ptr, b_ptr, *, lda, ldb, stream, epilogue_params, **kw):
-            log.append(("gemm", stream, self))
+    log = []
+    sms = {"n": 132}
+    monkeypatch.setattr(arrays, "pointer_device", lambda ptr: 0)
+    monkeypatch.setattr(tune, "device_info", lambda dev: tune.DeviceInfo(sms["n"], (9, 0), 50 << 20, "fake"))
+    monkeypatch.setattr(L, "tensor_map_code", lambda ptr, code, rows, cols, ld, br, bc: _fake_map(ptr, code, rows, cols, ld, br, bc))
+    monkeypatch.setattr(P, "tensor_map_code", lambda ptr, code, rows, cols, ld, br, bc: _fake_map(ptr, code, rows, cols, ld, br, bc))
+    monkeypatch.setattr(rs, "tensor_map", lambda ptr, dt, rows, cols, ld, br, bc: _fake_map(ptr, engine.abi.TMAP_CODE[dt], rows, cols, ld,
+                                                                                           br, bc))
+    monkeypatch.setattr(rs, "tensor_map_3d", lambda ptr, code, cols, rows, slabs, slab_rows, br, bc: _fake_map(ptr, code, cols, rows,
+                                                                                                              slabs, br, bc))
+    monkeypatch.setattr(rs, "max_active_clusters", lambda kern, threads, smem, cluster: 66)
+    monkeypatch.setattr(rs, "_device_key", lambda device_id: 0)
+    monkeypatch.setattr(P, "get_kernel", lambda relpath, name, device_id=None, arch=None: (relpath, name))
+    monkeypatch.setattr(P, "_plans", {})
+    monkeypatch.setattr(P, "launch", lambda kern, grid, threads, cluster, smem, s, args, pdl=False: log.append(
+        dict(relpath=kern[0], name=kern[1], grid=grid, threads=threads, cluster=cluster, smem=smem, stream=s, args=args)))
+    return log, lambda n: sms.__setitem__("n", n)
 
-    plan = _Plan()
-    monkeypatch.setattr(R.engine, "plan", lambda *a, **kw: log.append(("plan",)) or plan)
-    monkeypatch.setattr(R, "_launch_reduce", lambda kernel, grid, stream, params: log.append(("reduce", stream, grid)))
+
+class _Buf:
+    def __init__(self, name, nbytes, rank, world, base):
+        self.name, self.nbytes = name, nbytes
+        self.peer_ptrs = [base + (q << 32) for q in range(world)]
+        self.ptr = self.peer_ptrs[rank]
+        self.peer_table_ptr = base + (1 << 40)
+
+
+class _Group:
+    """What an op object reads of a Group at world > 1 (plain class: op objects keep weak references)."""
+
+    def __init__(self, rank, world, log):
+        self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
+        self.log, self._n = log, 0
+        self.group_ctrl_ptr = 0x5000_0000
+        self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
+        self.status = FakeGroup(state=0, failed=False)
+        self.buffers = {}
+
+    def symmetric(self, nbytes, name):
+        self._n += 1
+        buf = _Buf(name, nbytes, self.rank, self.world, (0x10 + self._n) << 44)
+        self.buffers[name.split(".")[-1]] = buf
+        return buf
+
+    def barrier(self, stream):
+        self.log.append(("barrier", stream))
+
+    def free_symmetric(self, buf):
+        pass
+
+
+def test_world_one_is_the_plain_gemm(fake_device):
+    """World 1: no buffers, no communication; one plain GEMM kernel stores straight into out."""
+    log, _ = fake_device
+    group = FakeGroup(rank=0, world=1, device_id=0, timeout_s=5.0, closed=False)
+    op = rs.GemmRS(group, 256, 256, 128, "bf16")
+    assert op.recv is None and op.sync is None and op.tiles_cap >= 1
+    out = FakeCAI(BASE + (1 << 30), (256, 256))
+    assert op(FakeCAI(BASE, (256, 128)), FakeCAI(BASE + (2 << 30), (256, 128)), out=out, stream=0x42) is out
+    assert len(log) == 1
+    launch = log[0]
+    assert launch["relpath"] == "gemm.cu" and "RsSched" not in launch["name"] and "RsEpilogue" not in launch["name"]
+    assert launch["stream"] == 0x42
+    epi = launch["args"][4]
+    assert _read_map(epi, 1) == (BASE + (1 << 30),)  # TmaStore's map of out, or LocalStore's pointer: out first
+    assert op.calls == 1
+    # a call of any m up to max_m, even one not a multiple of 8 (W = 1 divides every m)
+    op(FakeCAI(BASE, (3, 128)), FakeCAI(BASE + (2 << 30), (256, 128)), out=FakeCAI(BASE + (1 << 30), (3, 256)), stream=0x42)
+    assert len(log) == 2
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda op, a, b, o: op(FakeCAI(BASE, (300, 128)), b, stream=0), "exceeds the op's capacity"),
+    (lambda op, a, b, o: op(a, FakeCAI(BASE + (2 << 30), (128, 256)), stream=0), r"b_shard has shape"),
+    (lambda op, a, b, o: op(FakeCAI(BASE, (256, 128), typestr="<f4"), b, stream=0), "dtype"),
+    (lambda op, a, b, o: op(a, b, out=FakeCAI(BASE + (1 << 30), (256, 256)), stream=0), "out"),
+    (lambda op, a, b, o: op(a, b, bias=FakeCAI(BASE + (3 << 30), (128,)), stream=0), r"bias must have shape \(256,\)"),
+])
+def test_bad_calls_raise_before_launch(fake_device, monkeypatch, call, match):
+    log, _ = fake_device
+    monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 4)
+    op = rs.GemmRS(_Group(1, 4, []), 256, 256, 128, "bf16")
+    a, b = FakeCAI(BASE, (256, 128)), FakeCAI(BASE + (2 << 30), (256, 128))
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(op, a, b, None)
+    assert not log
+
+
+@pytest.mark.parametrize("partials", ["bf16", "fp32"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_call_is_one_kernel(fake_device, monkeypatch, partials, with_bias):
+    """World 4, rank 1: the buffers the op allocates, and a call launches exactly one kernel (no
+    barrier, no side stream) with the plan's GemmParams and the epilogue's Params."""
+    log, _ = fake_device
     rank, world, m, n, k = 1, 4, 512, 256, 128
-    monkeypatch.setattr(R, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
-    op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16")
-    main = 0x42
-    log.clear()
+    monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
+    glog = []
+    group = _Group(rank, world, glog)
+    op = rs.GemmRS(group, m, n, k, "bf16", partials=partials)
+    part_bytes = rs.PARTIALS[partials][1]
+    assert op.recv.nbytes == rs.recv_bytes(m, n, part_bytes) and op.sync.nbytes == rs.sync_bytes(world, op.tiles_cap)
+    assert op.tiles_cap == rs.tiles_cap_for(m, world, n, rs.rs_tiles("nk"))
     out = FakeCAI(BASE + (1 << 30), (m // world, n))
-    res = op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=out, stream=main)
-    assert res is out
-    kinds = [e[0] for e in log]
-    gemm_at = kinds.index("gemm")
-    reduces = [i for i, kd in enumerate(kinds) if kd == "reduce"]
-    assert log[gemm_at][1] == main and len(reduces) == 2
-    assert gemm_at < min(reduces), log  # the producer first
-    assert kinds.index("barrier") < gemm_at  # buffers are free: every peer finished the last call
-    assert log[gemm_at][2] is plan
-    # The GEMM's kernel is resolved (compiled, loaded) before anything is issued: a compile after
-    # the barrier would hold the peers' flag waits (seen as a timeout in a loop of 1000 calls).
-    assert kinds.index("plan") < min(i for i, kd in enumerate(kinds) if kd != "plan")
-    side = [e for e in log if e[0] == "reduce" and e[1] != main]
-    assert len(side) == 1  # one reducer beside the GEMM, one after it on the caller's stream
+    bias = FakeCAI(BASE + (3 << 30), (n,)) if with_bias else None
+    res = op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), bias=bias, out=out, stream=0x42)
+    assert res is out and not glog  # no host barrier: calls are ordered by the device epoch
+    assert len(log) == 1
+    launch = log[0]
+    p = op.plan(m)
+    t = p.cfg.tile
+    assert launch["relpath"] == rs.KERNEL_FILE and launch["name"] == rs.gemm_kernel_name(t, DType.BF16, "nk", partials)
+    assert launch["grid"] == p.clusters * t.cluster_size and launch["cluster"] == t.cluster_size and launch["stream"] == 0x42
+    tmap_a, tmap_b, params, prologue, epi, tmap_a_tail = launch["args"]
+    assert params == p.params
+    g = gemm_params(params)
+    assert g["seg_count"] == world and g["seg_start"] == rank and g["own_delay"] == p.clusters
+    assert g["tiles_m"] == world * p.rows_per_owner
+    assert prologue == engine.NOWAIT_PARAMS
+    assert len(epi) == rs.EPI_PARAMS_BYTES
+    m_loc = m // world
+    assert _read_map(epi[:128], 5) == (out.__cuda_array_interface__["data"][0], engine.abi.TMAP_CODE[DType.BF16], m_loc, n, n)
+    for o in range(rs.MAX_WORLD):
+        raw = epi[128 * (1 + o):128 * (2 + o)]
+        if o < world and partials != "fp32":  # the owner's receive buffer as (n, m_loc, 2W) 16-bit partials
+            assert _read_map(raw, 7) == (op.recv.peer_ptrs[o], engine.abi.TMAP_CODE[DType.BF16], n, m_loc, 2 * world, 64, 64)
+        else:
+            assert raw == bytes(128)
+    tail = epi_tail(epi)
+    pad8 = lambda ptrs: tuple(ptrs) + (0,) * (W8 - len(ptrs))  # noqa: E731
+    assert tail == dict(recv=op.recv.ptr, sync=op.sync.ptr, recv_peer=pad8(op.recv.peer_ptrs), sync_peer=pad8(op.sync.peer_ptrs),
+                        ctrl=group.group_ctrl_ptr, bias=BASE + (3 << 30) if with_bias else 0,
+                        bias_kind=engine.BIAS_IN16 if with_bias else engine.BIAS_NONE, m_loc=m_loc, tiles_cap=op.tiles_cap, rank=rank,
+                        world=world, slot_rows=op.max_m // world, record=(0, OP_GEMM_RS) + p.fields + (0,) * (C.META_WORDS - 2 - len(p.fields)))
+    assert epi[TAIL_OFFSET + rs.EPI_TAIL.size:] == bytes(rs.EPI_PARAMS_BYTES - TAIL_OFFSET - rs.EPI_TAIL.size)
+    # the next call with the same m reuses the plan; a bias-free call after one with a bias carries none
+    op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=out, stream=0x42)
+    assert len(log) == 2 and epi_tail(log[1]["args"][4])["bias"] == 0 and op.calls == 2
 
 
-# --------------------------------------------------------------------------------------------
-# the reduce kernel's unit counter (rs::claim_unit), its atomic steps interleaved at random
+def test_construction_needs_the_same_arguments_everywhere(fake_device, monkeypatch):
+    log, _ = fake_device
+    mine = []
+
+    def allgather(group, value, what, timeout_s=None):
+        mine.append(value)
+        other = list(value)
+        other[1] = 512  # rank 2 builds the op with another n
+        return [value, value, tuple(other), value]
+
+    monkeypatch.setattr(rs, "bounded_allgather", allgather)
+    group = _Group(0, 4, [])
+    with pytest.raises(ValueError, match="different arguments.*rank 2: max_m=256, n=512"):
+        rs.GemmRS(group, 256, 256, 128, "bf16")
+    assert "recv" not in group.buffers and "sync" not in group.buffers  # checked before the buffers are allocated
+    assert mine == [(256, 256, 128, C.DTYPE_CODE[DType.BF16], 0, rs.PARTIALS["bf16"][0], 0, 132)]  # ..., device key, ctas
 
 
-def _claimers(epoch: int, ctas: int, units: int, counter: list, rng, cas_only: bool = False, install: int = 1):
-    """Step machines of claim_unit (fused/rs_reduce.cuh), one per CTA, each claiming until it gets
-    a unit >= units; yields the units every CTA got. One atomic step per next()."""
-    tag = epoch << 32
-
-    def cta(got):
-        while True:
-            if cas_only:  # the old loop: read, then CAS, until the CAS wins
-                cur = counter[0]
-                yield
-                current = (cur >> 32) == epoch
-                want = cur + 1 if current else tag | 1
-                if counter[0] == cur:
-                    counter[0] = want
-                    u = (cur & 0xFFFFFFFF) if current else 0
-                else:
-                    yield
-                    continue
-            else:
-                prev = counter[0]
-                counter[0] = prev + 1  # atomicAdd
-                yield
-                if (prev >> 32) == epoch:
-                    u = prev & 0xFFFFFFFF
-                else:
-                    cur = counter[0]
-                    yield
-                    if (cur >> 32) == epoch:
-                        continue
-                    if counter[0] == cur:  # atomicCAS
-                        counter[0] = tag | install
-                        u = 0
-                    else:
-                        yield
-                        continue
-            yield
-            if u >= units:
-                return
-            got.append(u)
-
-    gots = [[] for _ in range(ctas)]
-    live = [cta(g) for g in gots]
-    while live:
-        i = int(rng.integers(len(live)))
-        try:
-            next(live[i])
-        except StopIteration:
-            live.pop(i)
-    return gots
+def test_construction_rejects_a_foreign_tile(fake_device, monkeypatch):
+    monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 2)
+    wide = next(t for t in tune.tiles_for("nk") if t not in rs.rs_tiles("nk"))
+    with pytest.raises(ValueError, match="not a GEMM-RS variant"):
+        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", config=tune.GemmConfig(wide))
+    with pytest.raises(TypeError, match="GemmConfig"):
+        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", config="fast")
+    with pytest.raises(ValueError, match="ctas=0"):
+        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", ctas=0)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_claim_unit_hands_out_every_unit_once(seed):
-    rng = np.random.default_rng(seed)
-    units, ctas = int(rng.integers(1, 300)), int(rng.integers(1, 40))
-    stale = (int(rng.integers(0, 5)) << 32) | int(rng.integers(0, 1000))  # an older call's count
-    counter = [stale]
-    got = sorted(u for g in _claimers(7, ctas, units, counter, rng) for u in g)
-    assert got == list(range(units))
-    # the next call (new epoch) starts over from the garbage this one left
-    got = sorted(u for g in _claimers(8, ctas, units, counter, rng) for u in g)
-    assert got == list(range(units))
-
-
-def test_claim_unit_model_can_fail():
-    """Mutations of the claim lose or repeat units, and the interleaving model sees it: installing
-    the new tag with next = 0 (unit 0 handed out twice), or trusting a stale count."""
-    rng = np.random.default_rng(1)
-    seen_bad = False
-    for _ in range(20):
-        got = sorted(u for g in _claimers(7, 8, 40, [(3 << 32) | 50], rng, install=0) for u in g)
-        seen_bad |= got != list(range(40))
-    assert seen_bad
-    got = sorted(u for g in _claimers(7, 8, 40, [(7 << 32) | 50], rng) for u in g)  # same epoch: the stale count is trusted
-    assert got != list(range(40))
-    got = sorted(u for g in _claimers(7, 8, 40, [(3 << 32) | 50], rng, cas_only=True) for u in g)  # the old loop: right, slow
-    assert got == list(range(40))
-
-
-def test_ranks_with_different_grids_pick_the_same_tile(fake_cuda, monkeypatch):
-    """Ranks of one group may run different GEMM grids: their reduce_ctas may differ (the
-    determinism check passes 1 + rank % 3) and their devices' SM counts too (an SM cap under MPS on
-    the emulated node: 16 and 17). Every rank must still pick the same tile for a call (flag
-    layout, call check): the op picks it for the group's smallest grid and runs its own."""
-    from rawflux import tune
-    from rawflux.ops import gemm_rs as R
-    from tests.cpu.test_ag_gemm_cpu import _Group
-
-    log, _ = fake_cuda
-    world, m, n, k = 8, 256, 2048, 4096
-    own = {q: tune.DeviceInfo(16 if q % 2 else 17, (9, 0), 50 << 20, "fake") for q in range(world)}
-    reduce = {q: 1 + q % 3 for q in range(world)}
-    grid = {q: own[q].sms - reduce[q] for q in range(world)}
-    alone = {q: R.choose_config(m, n, k, "nk", own[q], grid[q], 4).tile for q in range(world)}
+def test_ranks_with_different_grids_pick_the_same_tile(fake_device, monkeypatch):
+    """Ranks of one group may run different grids (an SM cap under MPS: 60 and 132 SMs here).
+    Every rank must still pick the same tile for a call (flag layout, call records): the op
+    picks it for the group's smallest grid and runs its own."""
+    log, set_sms = fake_device
+    world, m, n, k = 4, 256, 2048, 4096
+    sms = {q: 132 if q % 2 else 60 for q in range(world)}
+    alone = {q: rs.choose_config(m, n, k, "nk", tune.DeviceInfo(sms[q], (9, 0), 50 << 20), sms[q], world).tile for q in range(world)}
     assert len(set(alone.values())) > 1, "the ranks' own picks agree here: the test would check nothing"
-    mine = (m, n, k, R.DTYPE_CODE[R.DType.BF16], R._LAYOUT_CODE["nk"], R.PARTIALS["fp32"][0])
+    mine = (m, n, k, C.DTYPE_CODE[DType.BF16], rs._LAYOUT_CODE["nk"], rs.PARTIALS["bf16"][0])
     plans = []
     for rank in range(world):
-        monkeypatch.setattr(tune, "device_info", lambda dev, rank=rank: own[rank])
+        set_sms(sms[rank])
 
-        def allgather(group, value, what, timeout_s=None, rank=rank):
-            # the real one packs a flat tuple of ints into an int64 array (one row per rank)
-            assert value == mine + (grid[rank],) and all(isinstance(x, int) for x in value), value
-            return [tuple(int(x) for x in np.asarray(mine + (grid[q],), dtype=np.int64)) for q in range(world)]
+        def allgather(group, value, what, timeout_s=None, rank=rank):  # one GPU per rank (device keys 0..W-1)
+            assert value == mine + (0, sms[rank]) and all(isinstance(x, int) for x in value), value
+            return [mine + (q, sms[q]) for q in range(world)]
 
-        monkeypatch.setattr(R, "bounded_allgather", allgather)
-        op = R.GemmRS(_Group(rank, world, log), m, n, k, "bf16", reduce_ctas=reduce[rank])
-        assert op.gemm_ctas == grid[rank] and op.tile_ctas == min(grid.values())
+        monkeypatch.setattr(rs, "bounded_allgather", allgather)
+        op = rs.GemmRS(_Group(rank, world, []), m, n, k, "bf16")
+        assert op.ctas == sms[rank] and op.tile_ctas == min(sms.values())
         p = op.plan(m)
-        assert p.cfg.ctas == grid[rank]  # each rank runs its own grid
-        plans.append((p.cfg.tile, p.fields))
+        assert p.cfg.ctas == sms[rank]  # each rank runs its own grid
+        assert gemm_params(p.params)["seg_start"] == rank
+        plans.append((p.cfg.tile, p.fields, p.rows_per_owner, gemm_params(p.params)["tiles_n"]))
     assert all(x == plans[0] for x in plans), plans
-    assert plans[0][0] == R.choose_config(m, n, k, "nk", own[1], min(grid.values()), 4).tile
+    assert plans[0][0] == alone[0]  # the smallest grid's pick
+
+
+def test_ranks_sharing_a_gpu_run_no_cluster_tiles(fake_device, monkeypatch):
+    """The emulated node (ranks on one GPU under MPS): every CTA of every rank must be resident at
+    once, and clusters of two ranks need not fit beside each other in the GPCs: no cluster tiles."""
+    world, m, n, k = 2, 8192, 8192, 4096
+    for keys, want_cluster in (((7, 7), False), ((1, 2), True)):
+        monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None, keys=keys:
+                            [value[:-2] + (kq, value[-1]) for kq in keys])
+        op = rs.GemmRS(_Group(0, world, []), m, n, k, "bf16")
+        assert op.shares_gpu == (not want_cluster)
+        t = op.plan(m).cfg.tile
+        assert (t.cluster_size > 1) == want_cluster, t.tag()

@@ -142,5 +142,5 @@ def test_fused_ops_never_narrow():
 
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
-                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("narrow", 232)))
+                        ctas=120, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("narrow", 232)))
     assert not plan.cfg.narrow

@@ -245,7 +245,7 @@ def test_fused_ops_never_stream_k():
     t = SK_TILES[0]
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(1024, n=1024, k=4096, dtype=DType.BF16,
-                        b_layout="nk", partials="bf16", rank=0, world=2, dev=dev, gemm_ctas=120, reduce_ctas=12, tiles_cap=4096,
+                        b_layout="nk", partials="bf16", rank=0, world=2, dev=dev, ctas=120, tiles_cap=4096,
                         config=tune.GemmConfig(t, tune.STREAM_K))
     assert not plan.cfg.stream_k and plan.cfg.splits == 1
 
@@ -397,5 +397,5 @@ def test_fused_ops_never_band():
 
     dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=60 << 20)
     plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
-                        gemm_ctas=120, reduce_ctas=12, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("band", 8)))
+                        ctas=120, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("band", 8)))
     assert not plan.cfg.stream_k and not plan.cfg.band

@@ -39,7 +39,7 @@ struct GemmParams {
                          // (each tile cut into s pieces at the same k offsets); -b < 0 = banded stream-K
                          // (bands of b clusters); scheduler/stream_k.cuh
   i32 narrow_from;       // NarrowSched<N>: tile columns from this one on are N wide, those before it BN. 0 otherwise.
-  i32 pad;
+  i32 own_delay;         // RsSched (fused/rs_sched.cuh): positions an owner's own tiles move later. 0 otherwise.
   u64 workspace;         // split modes: fp32 partial tiles (gemm/fixup.cuh)
   u64 counters;          // split modes: two u32 arrival counts per (slot, consumer warpgroup), zero between calls
   i64 timeout_ns;        // bound on every pipeline wait (a stall traps instead of hanging)

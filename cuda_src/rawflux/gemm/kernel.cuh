@@ -2,11 +2,12 @@
 //
 //   gemm_kernel<Cfg, Sched, Prologue, Epilogue>
 //     Cfg       GemmCfg (gemm/config.cuh): tile, cluster, pipeline choices
-//     Sched     TileSched | StreamKSched | NarrowSched<w> (gemm/scheduler/): the CTA's work units
+//     Sched     TileSched | StreamKSched | NarrowSched<w> (gemm/scheduler/) | RsSched (fused/rs_sched.cuh): the CTA's work units
 //     Prologue  NoWait | AgWait (fused/ag_gemm.cuh): what the producer waits for before loading A
-//     Epilogue  LocalStore | TmaStore (gemm/epilogue/) | ScatterStore<p> (fused/rs_scatter.cuh): where C goes
+//     Epilogue  LocalStore | TmaStore (gemm/epilogue/) | RsEpilogue<p> (fused/rs_epilogue.cuh): where C goes
 //
-//   warpgroup 0, the producer (gemm/producer.cuh): one thread issues the TMA loads of each stage.
+//   warpgroup 0, the producer (gemm/producer.cuh): one thread issues the TMA loads of each stage;
+//     its warp 1 runs the epilogue's side role (GEMM-RS: the own tiles' flag waits), if it has one.
 //   warpgroups 1..kConsumers, the consumers (below; 232 registers requested, ptxas allocates within
 //     the launch's 168 unless the accumulators alone need more): per work unit and k block a
 //     warpgroup waits for the full stage, issues its 4 k16 steps of wgmma (one wgmma per step, two
@@ -14,7 +15,8 @@
 //     once, so the two warpgroups' groups alternate on the tensor pipe, each reissuing while the
 //     other's runs. With the consumer refill (Cfg::kRefill) the hand-back is a count per stage and
 //     the warp that completes it loads the block kStages on into the stage. After a unit's last k
-//     block: the k-split exchange or split-K fix-up (gemm/fixup.cuh), then the epilogue policy, with
+//     block: the epilogue's extra blocks if it has any (Epilogue::kExtraBlocks: GEMM-RS adds an own tile's
+//     partials, a stage each), the k-split exchange or split-K fix-up (gemm/fixup.cuh), then the epilogue policy, with
 //     Cfg::kDeferBoxes boxes held for the next tile's first k block (TmaStore only).
 //   The consumer role is written in the kernel body: as a function of its own, NVVM optimizes it
 //   before inlining it, and the SASS of the split-K, k-split and deferred-box variants changes
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < kStages; ++s) released[s] = 0u;  // seen by every role after the barrier below
     }
+    Epilogue::template init<Cfg>(epi, ptx::smem_u32(smem) + kScratchOffset<Cfg>);  // its shared state, before the barrier below
     ptx::fence_mbar_init();
   }
   if constexpr (kCluster) {
@@ -99,7 +102,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Cfg, SchedT, Prologue>(smem_raw, tmap_a, tmap_b, tmap_a_tail, p, pro);
+    if (threadIdx.x == 0) {
+      produce<Cfg, SchedT, Prologue, Epilogue>(smem_raw, tmap_a, tmap_b, tmap_a_tail, p, pro, epi);
+    } else if (threadIdx.x / 32 == 1) {
+      Epilogue::template side<Cfg, SchedT>(epi, p, ptx::smem_u32(smem) + kScratchOffset<Cfg>);  // the epilogue's own role, if any
+    }
     __syncwarp();
   } else {
     // ---------------------------------------------------------------- consumers
@@ -203,14 +210,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto load = [&](auto mode) {
           constexpr int kAMode = decltype(mode)::value;
           if constexpr (kPairM) {
-            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, cta,
+            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, SchedT::a_row(p, row), n0, cta,
                                          stage_tx<Cfg, kAMode>(p));
           } else {  // no multicast: A's slice and B's are the whole tile
-            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, row * Cfg::kBM, n0, 0, 0,
+            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, SchedT::a_row(p, row), n0, 0, 0,
                                      stage_tx<Cfg, kAMode>(p));
           }
         };
-        if (a_tail_box<Cfg>(p, row * Cfg::kBM)) {
+        if (a_tail_box<Cfg>(p, SchedT::a_row(p, row))) {
           load(Int<kALoadTail>{});
         } else {
           load(Int<kALoadFull>{});
@@ -294,6 +301,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         phase ^= 1u;
       }
       for (; i < nkb; ++i) kblock_next(i, no_hook);
+      if constexpr (Epilogue::kExtraBlocks) {
+        // The epilogue's own blocks (the producer's extra loads): each stage holds one 64-column
+        // box of the tile; every warpgroup waits for it, adds its part and hands it back.
+        const i32 rounds = Epilogue::template extra_rounds<Cfg, SchedT>(epi, p, w.tile_m);
+        if (rounds > 0) Epilogue::template extra_begin<Cfg>(epi, tid, consumer, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
+        for (i32 r = 0; r < rounds; ++r) {
+          static_for<0, Cfg::kBN / 64>([&](auto cb) {
+            ptx::mbar_wait_addr(bar_addr0 + 8u * stage, phase, p.timeout_ns);
+            Epilogue::template extra_add<Cfg, decltype(cb)::value>(acc, ptx::smem_u32(smem_a) + stage * Cfg::kStageABytes, wm, wn, tid);
+            release(stage);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          });
+        }
+      }
       ptx::reg_fence(acc);
 
       TileCoord tc;
@@ -344,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kDefer) {
       if (pending) store_held();  // the last tile's held boxes
     }
-    Epilogue::template finish<Cfg>(epi, tid);
+    Epilogue::template finish<Cfg>(epi, tid, consumer, ptx::smem_u32(smem_a) + kScratchOffset<Cfg>);
   }
 
   if constexpr (kCluster) {

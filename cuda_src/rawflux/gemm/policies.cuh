@@ -19,12 +19,21 @@
 //                                          // meet at named barrier kConsumerBarrier (128 * kConsumers
 //                                          // threads) and then call tile_done
 //     static constexpr bool kDeferrable;   // true: has TmaStore's box interface (Cfg::kDeferBoxes)
+//     static constexpr bool kExtraBlocks;  // true: after a tile's k blocks the producer loads
+//                                          // extra_rounds() x BN/64 blocks of its own into the ring
+//                                          // (extra_wait, extra_load) and the consumers, after
+//                                          // extra_begin, fold each into the accumulators
+//                                          // (extra_add): GEMM-RS's partials
 //     template <class Cfg> static __device__ void store(const Params&, const GemmParams&,
 //                            float (&acc)[Cfg::kAccRegs], const TileCoord&);   // every consumer thread
 //     template <class Cfg> static __device__ void tile_done(const Params&, const GemmParams&, const TileCoord&);
 //     template <class Cfg> static constexpr int scratch_bytes();   // shared memory it needs (tc.scratch)
-//     template <class Cfg> static __device__ void finish(const Params&, u32 tid);  // every consumer
-//                            // thread, once, after its last tile (drain asynchronous stores)
+//     template <class Cfg> static __device__ void init(const Params&, u32 scratch);   // thread 0, before
+//                            // the kernel's start barrier: initialise its shared state
+//     template <class Cfg, class SchedT> static __device__ void side(const Params&, const GemmParams&, u32 scratch);
+//                            // warp 1 of the producer warpgroup (40 registers): a role of its own
+//     template <class Cfg> static __device__ void finish(const Params&, u32 tid, u32 consumer, u32 scratch);
+//                            // every consumer thread, once, after its last tile (drain asynchronous stores)
 //   };
 // Params is a __grid_constant__ kernel parameter: a TensorMap member is usable by TMA in place.
 #pragma once

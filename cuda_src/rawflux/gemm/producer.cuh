@@ -14,9 +14,9 @@ namespace rawflux {
 
 // p by value: its fields are then values, not loads through a reference that the prologue's waits
 // (asm with a memory clobber) would force to be repeated.
-template <class Cfg, class SchedT, class Prologue>
+template <class Cfg, class SchedT, class Prologue, class Epilogue>
 RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorMap& tmap_b, const TensorMap& tmap_a_tail,
-                            const GemmParams p, const typename Prologue::Params& pro) {
+                            const GemmParams p, const typename Prologue::Params& pro, const typename Epilogue::Params& epi) {
   constexpr int kStages = Cfg::kStages;
   constexpr bool kCluster = Cfg::kClusterSize > 1;
   constexpr bool kRefill = Cfg::kRefill;
@@ -47,7 +47,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
   // mode, one loop each: choosing the map inside the loop cost the producer (40 registers) a spill.
   auto k_loop = [&](auto mode) {
     constexpr int kAMode = decltype(mode)::value;
-    const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+    const i32 m0 = SchedT::a_row(p, w.tile_m) + a_slice;
     const u32 tx = stage_tx<Cfg, kAMode>(p);
     // kRefill: the unit's first kStages blocks; the consumers load the rest.
     const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
@@ -78,7 +78,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     }
   };
   while (sched.next(p, w)) {
-    const i32 m0 = w.tile_m * Cfg::kBM + a_slice;
+    const i32 m0 = SchedT::a_row(p, w.tile_m) + a_slice;
     // The tail map: a_tail_box, written out (the call, by reference or by value, costs AG-GEMM's
     // producer a spill). Decided before the prologue's wait, so that only a predicate lives
     // across it (a row count kept across AgWait's loop costs the same spill).
@@ -89,6 +89,24 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       k_loop(Int<kALoadTail>{});
     } else {
       k_loop(Int<kALoadFull>{});
+    }
+    if constexpr (Epilogue::kExtraBlocks) {
+      // The epilogue's own blocks after the tile's k blocks (GEMM-RS: an own tile's partials from
+      // its peers, one 64-column box of the tile per stage, W - 1 rounds), into the A part of the ring.
+      static_assert(!kRefill, "extra blocks are loaded by the producer alone");
+      const i32 rounds = Epilogue::template extra_rounds<Cfg, SchedT>(epi, p, w.tile_m);
+      if (rounds > 0) Epilogue::template extra_wait<Cfg>(epi, ptx::smem_u32(smem) + kScratchOffset<Cfg>);
+      for (i32 r = 0; r < rounds; ++r) {
+        for (i32 cb = 0; cb < Cfg::kBN / 64; ++cb) {
+          ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
+          Epilogue::template extra_load<Cfg, SchedT>(epi, p, w.tile_m, w.tile_n, r, cb, smem_a + stage * Cfg::kStageABytes, &full[stage],
+                                                     ptx::smem_u32(smem) + kScratchOffset<Cfg>);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
     }
   }
 }

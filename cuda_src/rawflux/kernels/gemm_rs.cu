@@ -1,9 +1,8 @@
-// GEMM-ReduceScatter entries (rawflux/ops/gemm_rs.py builds the name expressions):
-//   rawflux::gemm_kernel<GemmCfg<...>, TileSched, NoWait, ScatterStore<kPart>>   the engine, whose
-//       epilogue scatters each finished tile into its owners' partial buffers and flags it;
-//   rawflux::rs_reduce_kernel<kPart, kOut>                                      the owner's reduction.
+// GEMM-ReduceScatter (rawflux/ops/gemm_rs.py builds the name expressions): one kernel per call,
+//   rawflux::gemm_kernel<GemmCfg<...>, RsSched, NoWait, RsEpilogue<kPart>>
+// the engine with the owners-interleaved tile order (fused/rs_sched.cuh) and the epilogue that
+// sends remote tiles to their owners and reduces the own ones (fused/rs_epilogue.cuh).
 // World 1 needs neither: the op calls the plain GEMM (kernels/gemm.cu) straight into out.
 #pragma once
-#include "rawflux/fused/rs_reduce.cuh"
-#include "rawflux/fused/rs_scatter.cuh"
+#include "rawflux/fused/rs_epilogue.cuh"
 #include "rawflux/gemm/kernel.cuh"

@@ -14,6 +14,7 @@ struct LocalStore {
     i32 pad;
   };
   static constexpr bool kTileBarrier = false;
+  static constexpr bool kExtraBlocks = false;  // no blocks of its own through the ring
   static constexpr bool kDeferrable = false;
 
   template <class Cfg>
@@ -31,7 +32,13 @@ struct LocalStore {
   static constexpr int scratch_bytes() { return 0; }
 
   template <class Cfg>
-  static RAWFLUX_DEVICE void finish(const Params&, u32) {}
+  static RAWFLUX_DEVICE void init(const Params&, u32) {}
+
+  template <class Cfg, class SchedT>
+  static RAWFLUX_DEVICE void side(const Params&, const GemmParams&, u32) {}
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params&, u32, u32, u32) {}
 };
 
 }  // namespace rawflux

@@ -21,6 +21,7 @@ struct TmaStore {
     i32 pad;
   };
   static constexpr bool kTileBarrier = false;
+  static constexpr bool kExtraBlocks = false;  // no blocks of its own through the ring
   static constexpr bool kDeferrable = true;  // the kernel may hold boxes for the next tile's first k block (Cfg::kDeferBoxes)
   static constexpr int kBoxBytes = 64 * 128;  // 64 rows x 64 16-bit columns
 
@@ -135,7 +136,13 @@ struct TmaStore {
   }
 
   template <class Cfg>
-  static RAWFLUX_DEVICE void finish(const Params&, u32 tid) {
+  static RAWFLUX_DEVICE void init(const Params&, u32) {}
+
+  template <class Cfg, class SchedT>
+  static RAWFLUX_DEVICE void side(const Params&, const GemmParams&, u32) {}
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params&, u32 tid, u32, u32) {
     if constexpr (bufs<Cfg>() > 0) {
       if (tid == 0) ptx::bulk_wait_all();  // C's boxes written before the CTA ends
     }

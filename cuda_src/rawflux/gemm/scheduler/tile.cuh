@@ -47,6 +47,9 @@ struct TileSchedT {
     }
   }
 
+  // First row of A (and C) of tile row tile_m.
+  static RAWFLUX_DEVICE i32 a_row(const GemmParams&, i32 tile_m) { return tile_m * Cfg::kBM; }
+
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
   // 128 x 320 tile's 160 accumulators the stream-K arithmetic in the consumers' tile loop spilled
   // (~1.9 KB) and serialized the wgmma (C7512); the host never offers that tile stream-K.

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""GEMM-ReduceScatter's protocol with W ranks in one process (rawflux/bench/rs_local.py): W kernels
+on W streams of one GPU, each on SMs / W CTAs, exchanging through distinct buffers. Correctness only.
+
+    python tests/gpu/rs_local_checks.py [--worlds 2,4]
+
+Checks (fresh random inputs; outputs poisoned with NaN before every call), one line each,
+"rs_local world=W <check> PASS|FAIL detail":
+  correct.*   every rank's rows against a float64 reference (relative Frobenius error), shapes with
+              m/W not a multiple of the tile, both layouts, bias, fp32 partials, the 64-row tile;
+  sequence    12 consecutive calls with m changing between them (epochs, both parities), each checked;
+  bitwise     the same inputs 10 times: identical bits on every rank.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def _inputs(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _np16(tag):
+    from rawflux.runtime import DType
+
+    return {"bf16": DType.BF16, "f16": DType.F16}[tag].np
+
+
+def _dev16(x, tag):
+    """float32 host array -> 16-bit device array (round to nearest even; bf16 through its bits)."""
+    import cupy
+
+    d = cupy.asarray(x, dtype=cupy.float32)
+    if tag == "f16":
+        return d.astype(cupy.float16)
+    u = d.view(cupy.uint32)
+    r = ((u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16).astype(cupy.uint16)
+    return r.view(_np16("bf16"))
+
+
+def _to_f64(x, tag):
+    import cupy
+
+    if tag == "f16":
+        return cupy.asnumpy(x).astype(np.float64)
+    u = cupy.asnumpy(x.view(cupy.uint16)).astype(np.uint32) << 16
+    return u.view(np.float32).astype(np.float64)
+
+
+def _poisoned(shape, tag):
+    import cupy
+
+    return cupy.full(shape, 0x7FC0 if tag == "bf16" else 0x7E00, dtype=cupy.uint16).view(_np16(tag))
+
+
+def run_call(ops, a, b, outs, bias=None):
+    import cupy
+
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in ops]
+    for op, s, ar, br, o in zip(ops, streams, a, b, outs):
+        op(ar, br, bias=bias, out=o, stream=s.ptr)
+    for s in streams:
+        s.synchronize()
+    bad = [op.failed() for op in ops]
+    if any(bad):
+        raise RuntimeError(f"device-side failure states {bad}")
+
+
+def check_case(W, name, m, n, k, layout, tag, partials, bias_kind, config, seed):
+    import cupy
+
+    from rawflux.bench.rs_local import local_world
+
+    rng = np.random.default_rng(seed)
+    a_h = [_inputs(rng, (m, k)) for _ in range(W)]
+    b_h = [_inputs(rng, (n, k) if layout == "nk" else (k, n)) for _ in range(W)]
+    a16 = [_dev16(x, tag) for x in a_h]
+    b16 = [_dev16(x, tag) for x in b_h]
+    a64 = [_to_f64(x, tag) for x in a16]
+    b64 = [_to_f64(x, tag) for x in b16]
+    full = sum(ai @ (bi.T if layout == "nk" else bi) for ai, bi in zip(a64, b64))
+    bias = None
+    if bias_kind:
+        bh = _inputs(rng, (n,))
+        bias = cupy.asarray(bh) if bias_kind == "f32" else _dev16(bh, tag)
+        full = full + (bh.astype(np.float64) if bias_kind == "f32" else _to_f64(bias, tag))
+    ops = local_world(W, m, n, k, tag, layout, partials=partials, config=config)
+    m_loc = m // W
+    outs = [_poisoned((m_loc, n), tag) for _ in range(W)]
+    run_call(ops, a16, b16, outs, bias=bias)
+    errs = []
+    for r in range(W):
+        got = _to_f64(outs[r], tag)
+        ref = full[r * m_loc:(r + 1) * m_loc]
+        e = float(np.linalg.norm(np.nan_to_num(got, nan=1e30) - ref) / np.linalg.norm(ref))
+        errs.append(e)
+    tol = 8e-3 if partials != "fp32" else 5e-3
+    ok = max(errs) < tol
+    t = ops[0].plan(m).cfg.tile
+    return ok, f"{name} m={m} n={n} k={k} {layout} {tag} partials={partials or tag} bias={bias_kind} tile={t.tag()}: err max {max(errs):.2e} (< {tol})"
+
+
+CASES = [
+    ("correct.basic", 256, 512, 256, "nk", "bf16", None, None, None),
+    ("correct.ragged", 200, 264, 136, "kn", "bf16", None, "f32", None),
+    ("correct.fp32p_bias", 384, 640, 512, "nk", "bf16", "fp32", "in", None),
+    ("correct.f16", 128, 512, 256, "kn", "f16", None, "in", None),
+    ("correct.tile64x128", 96, 384, 192, "nk", "bf16", None, None, (64, 128, 1)),
+    ("correct.cluster", 512, 1024, 256, "nk", "bf16", None, None, (128, 192, 2)),
+    ("correct.decode", 8, 1024, 512, "nk", "bf16", None, "in", None),
+]
+
+
+def _config(spec):
+    if spec is None:
+        return None
+    from rawflux import tune
+    from rawflux.ops.gemm_rs import rs_tiles
+
+    bm, bn, cm = spec
+    for t in rs_tiles("nk"):
+        if (t.bm, t.bn, t.cluster_m) == (bm, bn, cm):
+            return tune.GemmConfig(t)
+    raise ValueError(spec)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worlds", default="2,4")
+    args = ap.parse_args(argv)
+    fails = total = 0
+    for W in [int(x) for x in args.worlds.split(",")]:
+        for i, (name, rows, n, k, layout, tag, partials, bias, tile) in enumerate(CASES):
+            total += 1
+            try:
+                ok, detail = check_case(W, name, W * rows, n, k, layout, tag, partials, bias, _config(tile), 100 * W + i)
+            except Exception as e:  # noqa: BLE001
+                ok, detail = False, f"{name}: {type(e).__name__}: {str(e)[:400]}"
+            fails += not ok
+            print(f"rs_local world={W} {name} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
+    print(f"rs_local summary: {total - fails}/{total} passed")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
