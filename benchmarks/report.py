@@ -38,17 +38,19 @@ BAR_BIG_MIN, BAR_BIG_MEDIAN, BAR_SMALL_MIN = 0.95, 1.00, 0.90
 
 def load(results: Path = RESULTS) -> dict:
     """{"gemm": (file name, rows) or None, "bench": [(file name, meta, records)], "other": [names]}."""
-    gemms, bench, other = [], [], []
+    gemms, bench, other, tax = [], [], [], None
     for p in sorted(results.glob("*.json")):
         d = json.loads(p.read_text())
-        if isinstance(d, dict) and "rows" in d:
+        if isinstance(d, dict) and d.get("kind") == "fusion-tax":
+            tax = (p.name, d)
+        elif isinstance(d, dict) and "rows" in d:
             gemms.append((max((r.get("date", "") for r in d["rows"]), default=""), p.name, d["rows"]))
         elif isinstance(d, dict) and d.get("schema") == SCHEMA:
             bench.append((p.name, d.get("meta", {}), derive(d["records"])))
         else:
             other.append(p.name)
     gemm = max(gemms, key=lambda g: (g[0], g[1]))[1:] if gemms else None
-    return {"gemm": gemm, "bench": bench, "other": other, "old_gemm": [g[1] for g in gemms if gemm and g[1] != gemm[0]]}
+    return {"gemm": gemm, "bench": bench, "other": other, "old_gemm": [g[1] for g in gemms if gemm and g[1] != gemm[0]], "tax": tax}
 
 
 def _run_date(records) -> str:
@@ -314,6 +316,30 @@ def emulated_section(cur, bench) -> list[str]:
             + ["", "Runs:"] + _sources(names, bench) + [""])
 
 
+def tax_section(tax) -> list[str]:
+    name, d = tax
+    rows = d["rows"]
+    commits = sorted({_short_commit(r.get("commit")) for r in rows})
+    dates = sorted({r.get("date", "") for r in rows})
+    out = ["## GEMM-ReduceScatter's fusion tax (one GPU, no link)", "",
+           f"`benchmarks/results/{name}`: commit {', '.join(commits)}, {', '.join(dates)}. Reproduce: "
+           "`python benchmarks/fusion_tax.py`.",
+           "The fused kernel at world W with its peers' buffers in local memory (the same kernel, stores and reads, no",
+           f"link, no waiting) against rawflux.gemm's own pick on the same (m, n, k_local). Bar: <= {d.get('bar', 1.03)} at every point.", ""]
+    ms = sorted({r["m"] for r in rows})
+    cells: dict = {}
+    for r in rows:
+        same = r.get("same_tile_gemm_ms")
+        cells[(r["world"], r["shape"], r["n"], r["k"])] = cells.get((r["world"], r["shape"], r["n"], r["k"]), {}) | {
+            r["m"]: f"{r['ratio']:.2f} ({r['fused_ms'] / same:.2f})" if same else f"{r['ratio']:.2f}"}
+    table = [[str(w), shape, f"{n} x {k}"] + [c.get(m, "-") for m in ms] for (w, shape, n, k), c in sorted(cells.items())]
+    over = sum(r["ratio"] > d.get("bar", 1.03) for r in rows)
+    out += ["Cells: fused / rawflux.gemm (fused / the plain GEMM on the fused kernel's tile and grid), by m.", ""]
+    out += _table(["W", "layer", "n x k_local"] + [f"m = {m}" for m in ms], table)
+    out += ["", f"{len(rows) - over} of {len(rows)} points within the bar; worst {max(r['ratio'] for r in rows):.3f}.", ""]
+    return out
+
+
 def render(results: Path = RESULTS) -> str:
     data = load(results)
     cur = current_rows(data["bench"])
@@ -329,6 +355,8 @@ def render(results: Path = RESULTS) -> str:
            METHOD]
     if data["gemm"]:
         out += gemm_section(data["gemm"])
+    if data["tax"]:
+        out += tax_section(data["tax"])
     if any(not emu and op != "barrier" for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])
