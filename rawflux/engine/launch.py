@@ -31,33 +31,8 @@ def tensor_map_code(ptr: int, code: int, rows: int, cols: int, ld: int, box_rows
     hit = _tmap_cache.get(key)
     if hit is not None:
         return hit
-    from cuda.bindings import driver as drv
-
-    itemsize = 2  # both tensor-map dtypes rawflux uses are 16-bit
-    err, tm = drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType(code),
-        2,
-        int(ptr),
-        [drv.cuuint64_t(int(cols)), drv.cuuint64_t(int(rows))],
-        [drv.cuuint64_t(int(ld) * itemsize)],
-        [drv.cuuint32_t(int(box_cols)), drv.cuuint32_t(int(box_rows))],
-        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(
-            f"cuTensorMapEncodeTiled failed ({err.name}) for a {rows}x{cols} matrix (dtype code {code}) at {ptr:#x}, "
-            f"pitch {ld}, box {box_rows}x{box_cols}"
-        )
-    raw = ctypes.string_at(int(tm.getPtr()), 128)
-    with _tmap_lock:
-        if len(_tmap_cache) >= _TMAP_CACHE_MAX:
-            _tmap_cache.clear()
-        _tmap_cache[key] = raw
-    return raw
+    return _encode(key, code, ptr, (cols, rows), (ld,), (box_cols, box_rows),
+                   f"a {rows}x{cols} matrix (dtype code {code}) at {ptr:#x}, pitch {ld}, box {box_rows}x{box_cols}")
 
 
 def tensor_map_3d(ptr: int, code: int, cols: int, rows: int, slabs: int, slab_rows: int, box_rows: int, box_cols: int) -> bytes:
@@ -68,25 +43,31 @@ def tensor_map_3d(ptr: int, code: int, cols: int, rows: int, slabs: int, slab_ro
     hit = _tmap_cache.get(key)
     if hit is not None:
         return hit
+    return _encode(key, code, ptr, (cols, rows, slabs), (cols, slab_rows * cols), (box_cols, box_rows, 1),
+                   f"{slabs} slabs of {rows}x{cols} (dtype code {code}) at {ptr:#x}, box {box_rows}x{box_cols}")
+
+
+def _encode(key, code: int, ptr: int, dims, strides, box, what: str) -> bytes:
+    """cuTensorMapEncodeTiled of 16-bit elements (dims innermost first, strides in elements of the
+    dims past the first), 128-byte swizzle, zero fill out of bounds; cached under key."""
     from cuda.bindings import driver as drv
 
-    itemsize = 2
+    itemsize = 2  # both tensor-map dtypes rawflux uses are 16-bit
     err, tm = drv.cuTensorMapEncodeTiled(
         drv.CUtensorMapDataType(code),
-        3,
+        len(dims),
         int(ptr),
-        [drv.cuuint64_t(int(cols)), drv.cuuint64_t(int(rows)), drv.cuuint64_t(int(slabs))],
-        [drv.cuuint64_t(int(cols) * itemsize), drv.cuuint64_t(int(slab_rows) * int(cols) * itemsize)],
-        [drv.cuuint32_t(int(box_cols)), drv.cuuint32_t(int(box_rows)), drv.cuuint32_t(1)],
-        [drv.cuuint32_t(1), drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        [drv.cuuint64_t(int(d)) for d in dims],
+        [drv.cuuint64_t(int(st) * itemsize) for st in strides],
+        [drv.cuuint32_t(int(b)) for b in box],
+        [drv.cuuint32_t(1)] * len(dims),
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err.name}) for {slabs} slabs of {rows}x{cols} (dtype code {code}) "
-                           f"at {ptr:#x}, box {box_rows}x{box_cols}")
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({err.name}) for {what}")
     raw = ctypes.string_at(int(tm.getPtr()), 128)
     with _tmap_lock:
         if len(_tmap_cache) >= _TMAP_CACHE_MAX:

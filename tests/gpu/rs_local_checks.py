@@ -69,16 +69,12 @@ def run_call(ops, a, b, outs, bias=None):
         raise RuntimeError(f"device-side failure states {bad}")
 
 
-def check_case(W, name, m, n, k, layout, tag, partials, bias_kind, config, seed):
+def _problem(rng, W, m, n, k, layout, tag, bias_kind):
+    """Fresh inputs of every rank and the float64 reference of the whole (m, n) sum."""
     import cupy
 
-    from rawflux.bench.rs_local import local_world
-
-    rng = np.random.default_rng(seed)
-    a_h = [_inputs(rng, (m, k)) for _ in range(W)]
-    b_h = [_inputs(rng, (n, k) if layout == "nk" else (k, n)) for _ in range(W)]
-    a16 = [_dev16(x, tag) for x in a_h]
-    b16 = [_dev16(x, tag) for x in b_h]
+    a16 = [_dev16(_inputs(rng, (m, k)), tag) for _ in range(W)]
+    b16 = [_dev16(_inputs(rng, (n, k) if layout == "nk" else (k, n)), tag) for _ in range(W)]
     a64 = [_to_f64(x, tag) for x in a16]
     b64 = [_to_f64(x, tag) for x in b16]
     full = sum(ai @ (bi.T if layout == "nk" else bi) for ai, bi in zip(a64, b64))
@@ -87,20 +83,72 @@ def check_case(W, name, m, n, k, layout, tag, partials, bias_kind, config, seed)
         bh = _inputs(rng, (n,))
         bias = cupy.asarray(bh) if bias_kind == "f32" else _dev16(bh, tag)
         full = full + (bh.astype(np.float64) if bias_kind == "f32" else _to_f64(bias, tag))
-    ops = local_world(W, m, n, k, tag, layout, partials=partials, config=config)
-    m_loc = m // W
-    outs = [_poisoned((m_loc, n), tag) for _ in range(W)]
-    run_call(ops, a16, b16, outs, bias=bias)
+    return a16, b16, bias, full
+
+
+def _errors(outs, full, W, tag):
+    m_loc = full.shape[0] // W
     errs = []
     for r in range(W):
         got = _to_f64(outs[r], tag)
         ref = full[r * m_loc:(r + 1) * m_loc]
-        e = float(np.linalg.norm(np.nan_to_num(got, nan=1e30) - ref) / np.linalg.norm(ref))
-        errs.append(e)
+        errs.append(float(np.linalg.norm(np.nan_to_num(got, nan=1e30) - ref) / np.linalg.norm(ref)))
+    return errs
+
+
+def check_case(W, name, m, n, k, layout, tag, partials, bias_kind, config, seed):
+    from rawflux.bench.rs_local import local_world
+
+    a16, b16, bias, full = _problem(np.random.default_rng(seed), W, m, n, k, layout, tag, bias_kind)
+    ops = local_world(W, m, n, k, tag, layout, partials=partials, config=config)
+    outs = [_poisoned((m // W, n), tag) for _ in range(W)]
+    run_call(ops, a16, b16, outs, bias=bias)
+    errs = _errors(outs, full, W, tag)
     tol = 8e-3 if partials != "fp32" else 5e-3
     ok = max(errs) < tol
     t = ops[0].plan(m).cfg.tile
     return ok, f"{name} m={m} n={n} k={k} {layout} {tag} partials={partials or tag} bias={bias_kind} tile={t.tag()}: err max {max(errs):.2e} (< {tol})"
+
+
+def check_sequence(W, seed, calls: int = 12):
+    """Consecutive calls of one set of ops with m changing between them (both parities, slots of
+    one call's m next to the other parity's of another m), each checked."""
+    from rawflux.bench.rs_local import local_world
+
+    rng = np.random.default_rng(seed)
+    n, k, rows_max = 512, 256, 256
+    ops = local_world(W, W * rows_max, n, k, "bf16")
+    worst, ms = 0.0, []
+    for _ in range(calls):
+        m = W * int(rng.choice([8, 64, 96, 200, 256]))
+        ms.append(m)
+        a16, b16, _, full = _problem(rng, W, m, n, k, "nk", "bf16", None)
+        outs = [_poisoned((m // W, n), "bf16") for _ in range(W)]
+        run_call(ops, a16, b16, outs)
+        worst = max(worst, max(_errors(outs, full, W, "bf16")))
+    return worst < 8e-3, f"sequence: {calls} calls, m in {sorted(set(ms))}: err max {worst:.2e} (< 8e-3)"
+
+
+def check_bitwise(W, seed, runs: int = 10):
+    """The same inputs `runs` times: identical bits on every rank."""
+    import cupy
+
+    from rawflux.bench.rs_local import local_world
+
+    m, n, k = W * 192, 1024, 512
+    a16, b16, _, full = _problem(np.random.default_rng(seed), W, m, n, k, "nk", "bf16", None)
+    ops = local_world(W, m, n, k, "bf16")
+    first, same = None, 0
+    for _ in range(runs):
+        outs = [_poisoned((m // W, n), "bf16") for _ in range(W)]
+        run_call(ops, a16, b16, outs)
+        bits = [cupy.asnumpy(o.view(cupy.uint16)) for o in outs]
+        if first is None:
+            first, err = bits, max(_errors(outs, full, W, "bf16"))
+        elif all(np.array_equal(x, y) for x, y in zip(bits, first)):
+            same += 1
+    ok = same == runs - 1 and err < 8e-3
+    return ok, f"bitwise: {same + 1}/{runs} runs identical on every rank; err {err:.2e}"
 
 
 CASES = [
@@ -115,16 +163,9 @@ CASES = [
 
 
 def _config(spec):
-    if spec is None:
-        return None
-    from rawflux import tune
-    from rawflux.ops.gemm_rs import rs_tiles
+    from tests.gpu.gemm_rs_checks import _tile_config  # the same tile specs as the emulated-node checks
 
-    bm, bn, cm = spec
-    for t in rs_tiles("nk"):
-        if (t.bm, t.bn, t.cluster_m) == (bm, bn, cm):
-            return tune.GemmConfig(t)
-    raise ValueError(spec)
+    return _tile_config(spec)
 
 
 def main(argv=None) -> int:
@@ -133,10 +174,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     fails = total = 0
     for W in [int(x) for x in args.worlds.split(",")]:
-        for i, (name, rows, n, k, layout, tag, partials, bias, tile) in enumerate(CASES):
+        checks = [(name, lambda W=W, i=i, c=c: check_case(W, c[0], W * c[1], *c[2:8], _config(c[8]), 100 * W + i))
+                  for i, c in enumerate(CASES) for name in (c[0],)]
+        checks += [("sequence", lambda W=W: check_sequence(W, 7 * W)), ("bitwise", lambda W=W: check_bitwise(W, 11 * W))]
+        for name, fn in checks:
             total += 1
             try:
-                ok, detail = check_case(W, name, W * rows, n, k, layout, tag, partials, bias, _config(tile), 100 * W + i)
+                ok, detail = fn()
             except Exception as e:  # noqa: BLE001
                 ok, detail = False, f"{name}: {type(e).__name__}: {str(e)[:400]}"
             fails += not ok

@@ -58,16 +58,8 @@ RAWFLUX_DEVICE u32 atom_add_acq_rel_gpu_u32(u32* p, u32 v) {
   return old;
 }
 
-RAWFLUX_DEVICE void ld_v4_u32(u64 addr, u32 (&w)[4]) {
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(addr) : "memory");
-}
 RAWFLUX_DEVICE void ld_v2_f32(u64 addr, float& a, float& b) {
   asm volatile("ld.global.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "l"(addr) : "memory");
-}
-RAWFLUX_DEVICE u32 ld_u32(u64 addr) {
-  u32 v;
-  asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
-  return v;
 }
 RAWFLUX_DEVICE void st_v4f(u64 addr, float a, float b, float c, float d) {
   asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -92,20 +84,6 @@ RAWFLUX_DEVICE void tma_store_3d(const TensorMap* map, u32 src_smem, i32 c0, i32
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<u64>(map)),
                "r"(src_smem), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
-}
-
-// Named barrier that ANDs a predicate over the participating threads.
-RAWFLUX_DEVICE bool named_barrier_and(u32 id, u32 count, bool pred) {
-  u32 out;
-  asm volatile(
-      "{\n.reg .pred pi, po;\n"
-      "setp.ne.u32 pi, %1, 0;\n"
-      "bar.red.and.pred po, %2, %3, pi;\n"
-      "selp.u32 %0, 1, 0, po;\n}\n"
-      : "=r"(out)
-      : "r"((u32)pred), "r"(id), "r"(count)
-      : "memory");
-  return out != 0;
 }
 
 // fp32 fragment rows (addresses of column 0; 0 = row skipped) -> 16-byte stores. Lane pairs
@@ -367,112 +345,41 @@ struct RsEpilogue {
     });
   }
 
-  // acc += the W - 1 peers' partials of this thread's fragment, in the order q = 0, 1, ..., W - 1
-  // for every element. kStep quads of n8 blocks at a time, the sources in a loop: what is in
-  // flight must fit beside the 128 accumulators in the consumers' 168 registers.
+  // fp32 partials (16-bit ones come through the ring): acc += the W - 1 peers' partials of this
+  // thread's fragment from the local receive slots, q = 0, 1, ..., W - 1 for every element; four
+  // n8 blocks at a time with the sources in a loop, which is what fits beside the accumulators.
   template <class Cfg>
   static RAWFLUX_DEVICE void add_partials(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], i32 lrow0, i32 col0, u32 tid,
                                           u32 parity) {
+    static_assert(kPart == kRsPartF32, "16-bit partials are added from the stage ring (extra_add)");
     constexpr int kBlocks = Cfg::kAccRegs / 4;  // n8 blocks of the fragment
-    constexpr int kQuads = kBlocks / 4;
-    constexpr int kStep = kPart == kRsPartF32 ? 1 : 2;
     const u32 qd = tid % 4;
     const i32 ra = lrow0 + 16 * (i32)(tid / 32) + (i32)((tid % 32) / 4);
     const bool ok_a = ra < ep.m_loc, ok_b = ra + 8 < ep.m_loc;
-    const u64 slot_bytes = (u64)ep.slot_rows * (u64)p.n * kPartBytes;
-    const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world, 0, ep.slot_rows, ra, p.n) * kPartBytes;
-    const u64 row_step = (u64)(8 * (i64)p.n) * kPartBytes;
-    static_for<0, (kQuads + kStep - 1) / kStep>([&](auto step) {
-      constexpr int g0 = decltype(step)::value * kStep;
+    const u64 slot_bytes = (u64)ep.slot_rows * (u64)p.n * 4;
+    const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world, 0, ep.slot_rows, ra, p.n) * 4;
+    const u64 row_step = (u64)(8 * (i64)p.n) * 4;
+    static_for<0, (kBlocks + 3) / 4>([&](auto step) {
+      constexpr int j0 = 4 * decltype(step)::value;
 #pragma unroll 1
       for (i32 q = 0; q < ep.world; ++q) {
         if (q == ep.rank) continue;
         const u64 row_a = row_a0 + (u64)q * slot_bytes;
-        if constexpr (kPart == kRsPartF32) {
 #pragma unroll
-          for (int j = 4 * g0; j < 4 * g0 + 4; ++j) {
-            const i32 col = col0 + 8 * j + 2 * (i32)qd;
-            float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
-            if (col < p.n) {
-              if (ok_a) rs::ld_v2_f32(row_a + 4ull * (u64)col, x0, x1);
-              if (ok_b) rs::ld_v2_f32(row_a + row_step + 4ull * (u64)col, y0, y1);
-            }
-            acc[4 * j + 0] += x0;
-            acc[4 * j + 1] += x1;
-            acc[4 * j + 2] += y0;
-            acc[4 * j + 3] += y1;
+        for (int j = j0; j < j0 + 4 && j < kBlocks; ++j) {
+          const i32 col = col0 + 8 * j + 2 * (i32)qd;
+          float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
+          if (col < p.n) {
+            if (ok_a) rs::ld_v2_f32(row_a + 4ull * (u64)col, x0, x1);
+            if (ok_b) rs::ld_v2_f32(row_a + row_step + 4ull * (u64)col, y0, y1);
           }
-        } else {
-          constexpr bool kF16 = kPart == kRsPartF16;
-          // Lane qd loads n8 block 4g + qd whole (16 bytes of each row); a quad transpose then hands
-          // every lane its two columns of each of the four blocks (the fragment's layout).
-          u32 va[kStep][4], vb[kStep][4];
-#pragma unroll
-          for (int g = 0; g < kStep; ++g) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) va[g][i] = vb[g][i] = 0u;
-            const i32 col = col0 + 8 * (4 * (g0 + g) + (i32)qd);
-            if (g0 + g < kQuads && col < p.n) {
-              if (ok_a) rs::ld_v4_u32(row_a + 2ull * (u64)col, va[g]);
-              if (ok_b) rs::ld_v4_u32(row_a + row_step + 2ull * (u64)col, vb[g]);
-            }
-          }
-#pragma unroll
-          for (int g = 0; g < kStep; ++g) {
-            if (g0 + g < kQuads) {
-              epi::quad_transpose(va[g], qd);
-              epi::quad_transpose(vb[g], qd);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                float a0, a1, b0, b1;
-                ptx::unpack2<kF16>(va[g][i], a0, a1);
-                ptx::unpack2<kF16>(vb[g][i], b0, b1);
-                acc[4 * (4 * (g0 + g) + i) + 0] += a0;
-                acc[4 * (4 * (g0 + g) + i) + 1] += a1;
-                acc[4 * (4 * (g0 + g) + i) + 2] += b0;
-                acc[4 * (4 * (g0 + g) + i) + 3] += b1;
-              }
-            }
-          }
+          acc[4 * j + 0] += x0;
+          acc[4 * j + 1] += x1;
+          acc[4 * j + 2] += y0;
+          acc[4 * j + 3] += y1;
         }
       }
     });
-    if constexpr (kBlocks % 4 != 0) {  // leftover n8 blocks (kWN % 32 == 16)
-      constexpr bool kF16 = kPart == kRsPartF16;
-#pragma unroll 1
-      for (i32 q = 0; q < ep.world; ++q) {
-        if (q == ep.rank) continue;
-        const u64 row_a = row_a0 + (u64)q * slot_bytes;
-#pragma unroll
-        for (int j = kQuads * 4; j < kBlocks; ++j) {
-          const i32 col = col0 + 8 * j + 2 * (i32)qd;
-          if constexpr (kPart == kRsPartF32) {
-            float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
-            if (col < p.n) {
-              if (ok_a) rs::ld_v2_f32(row_a + 4ull * (u64)col, x0, x1);
-              if (ok_b) rs::ld_v2_f32(row_a + row_step + 4ull * (u64)col, y0, y1);
-            }
-            acc[4 * j + 0] += x0;
-            acc[4 * j + 1] += x1;
-            acc[4 * j + 2] += y0;
-            acc[4 * j + 3] += y1;
-          } else {
-            u32 wa = 0u, wb = 0u;
-            if (col < p.n) {
-              if (ok_a) wa = rs::ld_u32(row_a + 2ull * (u64)col);
-              if (ok_b) wb = rs::ld_u32(row_a + row_step + 2ull * (u64)col);
-            }
-            float a0, a1, b0, b1;
-            ptx::unpack2<kF16>(wa, a0, a1);
-            ptx::unpack2<kF16>(wb, b0, b1);
-            acc[4 * j + 0] += a0;
-            acc[4 * j + 1] += a1;
-            acc[4 * j + 2] += b0;
-            acc[4 * j + 3] += b1;
-          }
-        }
-      }
-    }
   }
 
   // Stages packed box kBox in its buffer (TmaStore's layout and rotation) and returns its address;
@@ -559,7 +466,7 @@ struct RsEpilogue {
       ok = rs::ld_shared_u32(state_base + 36) == 0u;
     }
     // joins thread 0: its acquire orders every thread's reads of the receive slots below
-    if (!rs::named_barrier_and(kWarpgroupBarrierBase + tc.consumer, 128, ok) || lrow0 >= ep.m_loc) return;
+    if (ptx::named_barrier_or(kWarpgroupBarrierBase + tc.consumer, 128, !ok) || lrow0 >= ep.m_loc) return;  // any thread not ok
     if constexpr (!kExtraBlocks) add_partials<Cfg>(ep, p, acc, lrow0, tc.col0, tc.tid, parity);
     if (ep.bias_kind != epi::kBiasNone) {
       epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);

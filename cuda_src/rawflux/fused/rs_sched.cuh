@@ -60,6 +60,7 @@ struct RsSchedT {
   // Tile rows per owner (a multiple of kClusterM).
   static RAWFLUX_DEVICE i32 rows_per_owner(const GemmParams& p) { return p.tiles_m / p.seg_count; }
 
+  static constexpr bool kOwnerRows = true;  // tile rows start at their owner's rows
   static RAWFLUX_DEVICE i32 a_row(const GemmParams& p, i32 tile_m) {
     const i32 lp = rows_per_owner(p);
     const i32 owner = tile_m / lp;

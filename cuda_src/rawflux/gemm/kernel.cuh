@@ -210,14 +210,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         auto load = [&](auto mode) {
           constexpr int kAMode = decltype(mode)::value;
           if constexpr (kPairM) {
-            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, SchedT::a_row(p, row), n0, cta,
+            load_kblock_for<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, (SchedT::kOwnerRows ? SchedT::a_row(p, row) : row * Cfg::kBM), n0, cta,
                                          stage_tx<Cfg, kAMode>(p));
           } else {  // no multicast: A's slice and B's are the whole tile
-            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, SchedT::a_row(p, row), n0, 0, 0,
+            load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, rs, kb, (SchedT::kOwnerRows ? SchedT::a_row(p, row) : row * Cfg::kBM), n0, 0, 0,
                                      stage_tx<Cfg, kAMode>(p));
           }
         };
-        if (a_tail_box<Cfg>(p, SchedT::a_row(p, row))) {
+        if (a_tail_box<Cfg>(p, (SchedT::kOwnerRows ? SchedT::a_row(p, row) : row * Cfg::kBM))) {
           load(Int<kALoadTail>{});
         } else {
           load(Int<kALoadFull>{});

@@ -47,7 +47,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
   // mode, one loop each: choosing the map inside the loop cost the producer (40 registers) a spill.
   auto k_loop = [&](auto mode) {
     constexpr int kAMode = decltype(mode)::value;
-    const i32 m0 = SchedT::a_row(p, w.tile_m) + a_slice;
+    const i32 m0 = (SchedT::kOwnerRows ? SchedT::a_row(p, w.tile_m) : w.tile_m * Cfg::kBM) + a_slice;
     const u32 tx = stage_tx<Cfg, kAMode>(p);
     // kRefill: the unit's first kStages blocks; the consumers load the rest.
     const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
@@ -78,7 +78,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     }
   };
   while (sched.next(p, w)) {
-    const i32 m0 = SchedT::a_row(p, w.tile_m) + a_slice;
+    const i32 m0 = (SchedT::kOwnerRows ? SchedT::a_row(p, w.tile_m) : w.tile_m * Cfg::kBM) + a_slice;
     // The tail map: a_tail_box, written out (the call, by reference or by value, costs AG-GEMM's
     // producer a spill). Decided before the prologue's wait, so that only a predicate lives
     // across it (a row count kept across AgWait's loop costs the same spill).

@@ -47,7 +47,9 @@ struct TileSchedT {
     }
   }
 
-  // First row of A (and C) of tile row tile_m.
+  // Tile row tile_m starts at row tile_m * BM (kOwnerRows false: the kernel computes that itself;
+  // a scheduler whose rows start elsewhere says so and gives a_row).
+  static constexpr bool kOwnerRows = false;
   static RAWFLUX_DEVICE i32 a_row(const GemmParams&, i32 tile_m) { return tile_m * Cfg::kBM; }
 
   // Stream-K is compiled for tiles whose warpgroup fragment is one wgmma wide (N <= 256). With the
