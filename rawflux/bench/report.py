@@ -4,8 +4,8 @@ One record per (problem, impl). ``ms`` is the median over iterations of one rank
 times, then the maximum over ranks. ``tflops`` is per GPU: 2 m n k / W / time.
 Derived, per problem, for "fused" and "nonoverlap" rows (docs/ARCHITECTURE.md):
   speedup     = non-overlapped ms / this ms
-  exposed_ms  = this ms - GEMM alone ms     (the communication the op failed to hide)
-  overlap_eff = 1 - exposed_ms / communication-alone ms
+  exposed_ms  = this ms - GEMM alone ms     (the communication the op failed to hide; none at world 1)
+  overlap_eff = 1 - exposed_ms / communication-alone ms   (none at world 1)
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def derive(records: list[dict]) -> list[dict]:
             ref = gemms.get(r.get("gemm_ref")) if r.get("gemm_ref") else None
             gemm = ref if ref is not None else _fastest(gemms.values())
             r["speedup"] = base["ms"] / r["ms"] if base is not None and r["ms"] > 0 else None
-            r["exposed_ms"] = r["ms"] - gemm["ms"] if gemm is not None else None
+            # world 1 communicates nothing: nothing is exposed or overlapped (printed "-")
+            r["exposed_ms"] = r["ms"] - gemm["ms"] if gemm is not None and r["world"] > 1 else None
             r["overlap_eff"] = (
                 1.0 - r["exposed_ms"] / comm["ms"] if r["exposed_ms"] is not None and comm is not None and comm["ms"] > 0 else None
             )

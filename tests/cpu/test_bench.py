@@ -356,3 +356,14 @@ def test_delay_kernel_compiles_without_spills():
         assert r["spill_stores"] == 0 and r["stack"] == 0
     assert math.isfinite(timing.HOST_LAUNCH_US)
 
+
+
+def test_world_one_has_nothing_exposed_or_overlapped():
+    # world 1: no communication, so a fused row's time over the GEMM's is not exposed communication
+    recs = [_rec("nccl+cublas", "nonoverlap", 7.0, world=1), _rec("torch.matmul", "gemm", 6.8, world=1),
+            _rec("nccl", "comm", 0.01, world=1), _rec("rawflux", "fused", 7.2, world=1)]
+    report.derive(recs)
+    f = recs[3]
+    assert f["speedup"] == pytest.approx(7.0 / 7.2)
+    assert f["exposed_ms"] is None and f["overlap_eff"] is None
+    assert report.format_table(recs).splitlines()[-1].split()[-2:] == ["-", "-"]  # the exposed and overlap columns
