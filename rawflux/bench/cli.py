@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--impl", default=None, help="comma-separated impl names to run (default: all registered)")
     ap.add_argument("--out-dir", default="benchmarks/results", help="where the JSON file goes (default benchmarks/results)")
     ap.add_argument("--no-json", action="store_true", help="print only, write no file")
+    ap.add_argument("--plot", action="store_true", help="also draw the run's charts as PNG next to the JSON (needs matplotlib)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one m, few iterations (records say quick)")
     ap.add_argument("--delay-us", type=float, default=500.0,
                     help="delay kernel before each timed region so launches queue ahead (default 500; 0: off)")
@@ -166,6 +167,21 @@ def init_group():
     return init()
 
 
+def plot_run(json_path) -> list:
+    """The charts of one run file (rawflux.bench.plots.fused_figures) as PNG files beside it."""
+    from pathlib import Path
+
+    from .plots import fused_figures
+
+    path = Path(json_path)
+    out = []
+    for i, (_, fig) in enumerate(fused_figures([path])):
+        png = path.with_name(f"{path.stem}-{i}.png")
+        fig.savefig(png, dpi=110)
+        out.append(png)
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from . import builtin  # noqa: F401  (registers the built-in impls)
@@ -236,5 +252,8 @@ def run(args, group, side, argv) -> list[dict]:
                     "delay_us": args.delay_us, "align": not args.no_align, "seed": base_seed}
             path = write_json(records, args.out_dir, meta)
             print(f"wrote {path}", flush=True)
+            if args.plot:
+                for png in plot_run(path):
+                    print(f"wrote {png}", flush=True)
     comm.Barrier()
     return records

@@ -177,3 +177,16 @@ def test_schedule_figure_draws_world_owners(world):
     assert c["predicted (+ launch)"][1] == pytest.approx([x + p.launch_us for x in c["max(T_gemm, T_link)"][1]])
     i = c["predicted (+ launch)"][0].index(512)
     assert c["predicted (+ launch)"][1][i] == pytest.approx(p.predicted_us)
+
+
+def test_bench_plot_writes_pngs_next_to_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    import shutil
+    from pathlib import Path
+
+    from rawflux.bench.cli import plot_run
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench-w2-gemm_rs.json"
+    shutil.copy(src, tmp_path)
+    pngs = plot_run(tmp_path / src.name)
+    assert pngs and all(p.parent == tmp_path and p.suffix == ".png" and p.stat().st_size > 10_000 for p in pngs)
