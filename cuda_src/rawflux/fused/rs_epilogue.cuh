@@ -405,6 +405,22 @@ struct RsEpilogue {
     return box_addr;
   }
 
+  // The fragment's 64-column boxes, packed to 16 bits and staged in order; thread 0 hands each to
+  // issue(shared address, its first column) for its TMA store and closes a bulk group per box.
+  template <class Cfg, class Issue>
+  static RAWFLUX_DEVICE void store_boxes(const float (&acc)[Cfg::kAccRegs], const TileCoord& tc, Issue&& issue) {
+    static_for<0, Cfg::kWN / 64>([&](auto box) {
+      constexpr int kBox = decltype(box)::value;
+      u32 v[TmaStore::kBoxRegs];
+      TmaStore::pack_box<Cfg, kBox>(acc, v);
+      const u32 addr = stage_box<Cfg, kBox>(v, tc.tid, tc.consumer, tc.scratch);
+      if (tc.tid == 0) {
+        issue(addr, tc.col0 + 64 * kBox);
+        ptx::bulk_commit();
+      }
+    });
+  }
+
   template <class Cfg>
   static RAWFLUX_DEVICE void store(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
     using Sched = RsSchedT<Cfg>;
@@ -439,16 +455,7 @@ struct RsEpilogue {
       } else {
         const TensorMap* map = &ep.tmap_recv[owner];
         const i32 slot = (i32)parity * ep.world + ep.rank;
-        static_for<0, Cfg::kWN / 64>([&](auto box) {
-          constexpr int kBox = decltype(box)::value;
-          u32 v[TmaStore::kBoxRegs];
-          TmaStore::pack_box<Cfg, kBox>(acc, v);
-          const u32 addr = stage_box<Cfg, kBox>(v, tc.tid, tc.consumer, tc.scratch);
-          if (tc.tid == 0) {
-            rs::tma_store_3d(map, addr, tc.col0 + 64 * kBox, lrow0, slot);
-            ptx::bulk_commit();
-          }
-        });
+        store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) { rs::tma_store_3d(map, addr, col, lrow0, slot); });
       }
       if (tc.tid == 0) {
         const u64 flag = ep.sync_peer[owner] +
@@ -471,16 +478,7 @@ struct RsEpilogue {
     if (ep.bias_kind != epi::kBiasNone) {
       epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);
     }
-    static_for<0, Cfg::kWN / 64>([&](auto box) {
-      constexpr int kBox = decltype(box)::value;
-      u32 v[TmaStore::kBoxRegs];
-      TmaStore::pack_box<Cfg, kBox>(acc, v);
-      const u32 addr = stage_box<Cfg, kBox>(v, tc.tid, tc.consumer, tc.scratch);
-      if (tc.tid == 0) {
-        ptx::tma_store_2d(&ep.tmap_out, addr, tc.col0 + 64 * kBox, lrow0);
-        ptx::bulk_commit();
-      }
-    });
+    store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) { ptx::tma_store_2d(&ep.tmap_out, addr, col, lrow0); });
   }
 
   template <class Cfg>
