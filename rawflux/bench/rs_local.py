@@ -12,7 +12,6 @@ Two uses, each its own question:
 from __future__ import annotations
 
 import struct
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -70,19 +69,12 @@ class _FakeGroup:
 
 def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_layout: str, partials: str, config, ctas: int,
               recv: list, sync: list, ctrl: int, status, timeout_s: float, keep: list):
+    """A GemmRS of rank `rank` without a group: CollectiveOp's state by hand, then GemmRS's own."""
     op = object.__new__(R.GemmRS)
-    g = _FakeGroup(rank, world, status, timeout_s)
-    op.group, op.rank, op.world, op.device_id = g, rank, world, 0
-    op.dtype, op.partials, op.max_m, op.n, op.k, op.b_layout = dt, partials, max_m, n, k, b_layout
-    op.config, op.own_delay = config, None
-    from .. import engine
-
-    op.dev = engine.check_arch(0)
-    op.ctas = op.tile_ctas = ctas
-    op._tiles = [config.tile] if config is not None else R.rs_tiles(b_layout)
-    op.tiles_cap = R.tiles_cap_for(max_m, world, n, op._tiles)
-    op._plans, op._plans_lock = {}, threading.Lock()
+    op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
     op._closed, op._buffers, op._streams, op._group_ctrl, op.calls = False, [], [], ctrl, 0
+    op.dtype, op.partials, op.max_m, op.n, op.k, op.b_layout = dt, partials, max_m, n, k, b_layout
+    op._configure(config, None, ctas)
     recv_ptrs = [int(b.data.ptr) for b in recv]
     sync_ptrs = [int(b.data.ptr) for b in sync]
     op.recv = _Buf(ptr=recv_ptrs[rank], peer_ptrs=recv_ptrs, peer_table_ptr=_table(recv_ptrs, keep))
@@ -116,27 +108,23 @@ def local_world(world: int, max_m: int, n: int, k: int, dtype="bf16", b_layout: 
         op._keep = keep
         ops.append(op)
     if tax:
-        _preset_peers(ops[0], sync[0], world, max_m)
+        _preset_peers(ops[0], sync[0], world)
     return ops[0] if tax else ops
 
 
-def _preset_peers(op, sync, world: int, max_m: int) -> None:
-    """The fusion tax: the peers' flags and records of both parities set for every epoch to come."""
-    flags = sync[R.FLAGS_OFFSET:].view(np.uint32)
-    flags[:] = _FOREVER
-    op._preset_ms = set()
+def _preset_peers(op, sync, world: int) -> None:
+    """The fusion tax: the peers' flags of both parities set for every epoch to come; op.preset(m)
+    sets their call records for calls of m (the record holds m)."""
+    import cupy
 
-    def preset(m):
+    sync[R.FLAGS_OFFSET:].view(np.uint32)[:] = _FOREVER
+
+    def preset(m: int) -> None:
         p = op.plan(m)
-        rec = np.array((_FOREVER, R.OP_GEMM_RS) + p.fields + (0,) * (R.META_WORDS - 2 - len(p.fields)), dtype=np.uint32)
+        rec = cupy.asarray(np.array(R.call_record(p.fields, tag=_FOREVER), dtype=np.uint32))
         for parity in (0, 1):
             for q in range(1, world):
                 off = R.record_offset(parity, q)
-                sync[off:off + R.RECORD_BYTES].view(np.uint32)[:] = rec_dev(rec)
-
-    def rec_dev(rec):
-        import cupy
-
-        return cupy.asarray(rec)
+                sync[off:off + R.RECORD_BYTES].view(np.uint32)[:] = rec
 
     op.preset = preset

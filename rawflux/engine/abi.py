@@ -35,19 +35,26 @@ TMA_STORE_EPI = "rawflux::TmaStore"
 
 # Prologues whose wait orders only the producer's own loads: no consumer refill under them.
 _NO_REFILL_PROLOGUES = frozenset({"rawflux::AgWait"})
-# Epilogues with TmaStore's staged boxes, and those of them that take deferred boxes
-# (Epilogue::kDeferrable). GEMM-ReduceScatter's (fused/rs_epilogue.cuh) stages its boxes too and
-# keeps 64 bytes of state past them.
-RS_EPILOGUE_PREFIX = "rawflux::RsEpilogue<"
-_DEFERRABLE_EPILOGUES = frozenset({TMA_STORE_EPI})
+RS_EPILOGUE_PREFIX = "rawflux::RsEpilogue<"  # GEMM-ReduceScatter's (fused/rs_epilogue.cuh), one per partial type
 
 
-def _staged(epilogue: str) -> bool:
-    return epilogue in _DEFERRABLE_EPILOGUES or epilogue.startswith(RS_EPILOGUE_PREFIX)
+@dataclass(frozen=True)
+class EpilogueTraits:
+    """What the host's option rules need to know of an epilogue policy."""
+
+    staged: bool  # stages 16-bit C in TmaStore's 64 x 64 boxes (Cfg::kStoreBufs)
+    deferrable: bool  # Epilogue::kDeferrable: boxes may be held for the next tile (Cfg::kDeferBoxes)
+    refill_ok: bool  # no blocks of its own through the ring, so the consumers may refill it
+    state_bytes: int  # shared state past the staging buffers (RsEpilogue::kStateBytes)
 
 
-def _state_bytes(epilogue: str, tile: TileConfig) -> int:
-    return 64 if epilogue.startswith(RS_EPILOGUE_PREFIX) else 0  # RsEpilogue::kStateBytes
+def epilogue_traits(epilogue: str) -> EpilogueTraits:
+    if epilogue == TMA_STORE_EPI:
+        return EpilogueTraits(staged=True, deferrable=True, refill_ok=True, state_bytes=0)
+    if epilogue.startswith(RS_EPILOGUE_PREFIX):
+        return EpilogueTraits(staged=True, deferrable=False, refill_ok=False, state_bytes=64)
+    return EpilogueTraits(staged=False, deferrable=False, refill_ok=True, state_bytes=0)
+
 
 SMEM_PER_CTA = tune.SMEM_PER_CTA
 _BOX_BYTES = 64 * 128  # TmaStore's staging box: 64 rows x 64 16-bit columns
@@ -93,16 +100,17 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
       together spill)."""
     wide = tile.bm * tile.bn >= 128 * 224
     pair_or_none = tile.cluster_m * tile.cluster_n == 1 or (tile.cluster_m, tile.cluster_n) == (2, 1)
-    refill = wide and pair_or_none and prologue not in _NO_REFILL_PROLOGUES and not epilogue.startswith(RS_EPILOGUE_PREFIX)
+    ep = epilogue_traits(epilogue)
+    refill = wide and pair_or_none and prologue not in _NO_REFILL_PROLOGUES and ep.refill_ok
     bufs = 0
-    if _staged(epilogue) and out_dtype != DType.F32 and tile.wn % 64 == 0:
-        room = (SMEM_PER_CTA - 1024 - scratch_offset(tile) - _state_bytes(epilogue, tile)) // (_BOX_BYTES * tile.consumers)
+    if ep.staged and out_dtype != DType.F32 and tile.wn % 64 == 0:
+        room = (SMEM_PER_CTA - 1024 - scratch_offset(tile) - ep.state_bytes) // (_BOX_BYTES * tile.consumers)
         bufs = max(0, min(room, tile.wn // 64, 2))
         while bufs and (tile.wn // 64) % bufs:
             bufs -= 1
     acc = tile.wn // 2
     defer = 0
-    if bufs and epilogue in _DEFERRABLE_EPILOGUES and acc <= 128 and tile.cluster_k == 1 and not (acc == 128 and (tile.cluster_size != 2 or refill)):
+    if bufs and ep.deferrable and acc <= 128 and tile.cluster_k == 1 and not (acc == 128 and (tile.cluster_size != 2 or refill)):
         defer = 1
     return KernelOptions(refill, defer, bufs)
 
@@ -110,17 +118,18 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
 def check_options(opts: KernelOptions, tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType) -> None:
     """Raises ValueError where GemmCfg's static_asserts would reject `opts` (before any compile)."""
     where = f"tile {tile.tag()} with {prologue} / {epilogue}"
-    if opts.refill and epilogue.startswith(RS_EPILOGUE_PREFIX):
-        raise ValueError(f"{where}: GEMM-RS's producer loads the own tiles' partials itself: no consumer refill")
+    ep = epilogue_traits(epilogue)
+    if opts.refill and not ep.refill_ok:
+        raise ValueError(f"{where}: the epilogue's producer loads blocks of its own into the ring: no consumer refill")
     if opts.refill and (prologue in _NO_REFILL_PROLOGUES or not (tile.cluster_m * tile.cluster_n == 1
                                                                  or (tile.cluster_m, tile.cluster_n) == (2, 1))):
         raise ValueError(f"{where}: the consumer refill needs a prologue that allows it and no multicast but the 2x1 pair")
     if opts.store_bufs:
-        if not _staged(epilogue) or out_dtype == DType.F32 or tile.wn % 64 or (tile.wn // 64) % opts.store_bufs:
+        if not ep.staged or out_dtype == DType.F32 or tile.wn % 64 or (tile.wn // 64) % opts.store_bufs:
             raise ValueError(f"{where}: staging buffers are TmaStore's, for 16-bit C in whole rounds of 64-column boxes")
-        if opts.store_bufs * _BOX_BYTES * tile.consumers + _state_bytes(epilogue, tile) > SMEM_PER_CTA - 1024 - scratch_offset(tile):
+        if opts.store_bufs * _BOX_BYTES * tile.consumers + ep.state_bytes > SMEM_PER_CTA - 1024 - scratch_offset(tile):
             raise ValueError(f"{where}: {opts.store_bufs} staging buffers do not fit beside the stage ring")
-    if opts.defer_boxes and (epilogue not in _DEFERRABLE_EPILOGUES or not opts.store_bufs or opts.defer_boxes > tile.wn // 64
+    if opts.defer_boxes and (not ep.deferrable or not opts.store_bufs or opts.defer_boxes > tile.wn // 64
                              or tile.cluster_k > 1):
         raise ValueError(f"{where}: deferred boxes are staged boxes of the fragment, not in a k-split cluster")
 
@@ -137,10 +146,11 @@ def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str,
 
 def epilogue_scratch_bytes(tile: TileConfig, epilogue: str, out_dtype: DType, options: KernelOptions | None = None) -> int:
     """Shared memory the epilogue asks for (Epilogue::scratch_bytes<Cfg>(): TmaStore's staging)."""
-    if not _staged(epilogue):
+    ep = epilogue_traits(epilogue)
+    if not ep.staged:
         return 0
     o = options or kernel_options(tile, NOWAIT, epilogue, out_dtype)
-    return o.store_bufs * _BOX_BYTES * tile.consumers + _state_bytes(epilogue, tile)
+    return o.store_bufs * _BOX_BYTES * tile.consumers + ep.state_bytes
 
 
 def launch_smem_bytes(tile: TileConfig, epilogue: str, out_dtype: DType, options: KernelOptions | None = None) -> int:

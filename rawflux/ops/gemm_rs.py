@@ -29,6 +29,7 @@ make it before capturing): the epoch lives in device memory, so replays stay in 
 """
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 from dataclasses import dataclass, replace
@@ -64,8 +65,10 @@ FLAGS_PER_TILE = 2
 #   recv, sync, ctrl, bias, recv_peer[8], sync_peer[8], bias_kind, m_loc, tiles_cap, rank, world, slot_rows, record[16]
 EPI_TAIL = struct.Struct(f"<4Q{MAX_WORLD}Q{MAX_WORLD}Q6i{META_WORDS}I")
 EPI_PARAMS_BYTES = 1408  # sizeof(Params): 64-byte aligned (its tensor maps)
-_BIAS_AT = 24  # offset of bias in EPI_TAIL; bias_kind follows the peer tables
-_BIAS_KIND_AT = 32 + 16 * MAX_WORLD
+# Offsets past the out map (the per-call part of Params) of bias and bias_kind: the recv maps, then
+# EPI_TAIL's recv, sync, ctrl, bias, the peer tables, bias_kind.
+_BIAS_AT = 128 * MAX_WORLD + 24
+_BIAS_KIND_AT = 128 * MAX_WORLD + 32 + 16 * MAX_WORLD
 _ZERO_MAP = bytes(128)
 
 
@@ -91,6 +94,12 @@ def slot_row(parity: int, world: int, src: int, slot_rows: int, row: int, n: int
     return ((parity * world + src) * slot_rows + row) * n
 
 
+def call_record(fields: tuple[int, ...], tag: int = 0) -> tuple[int, ...]:
+    """The META_WORDS u32 words of a call record (fused/rs_layout.cuh): tag (the epoch, filled in on
+    the device), the op id, then the call's fields."""
+    return (tag, OP_GEMM_RS) + tuple(fields) + (0,) * (META_WORDS - 2 - len(fields))
+
+
 def sync_bytes(world: int, tiles_cap: int) -> int:
     return FLAGS_OFFSET + 4 * 2 * world * tiles_cap * FLAGS_PER_TILE
 
@@ -99,19 +108,19 @@ def recv_bytes(max_m: int, n: int, part_bytes: int) -> int:
     return 2 * max_m * n * part_bytes
 
 
-def rs_tiles(b_layout: str) -> list[TileConfig]:
+@functools.cache
+def rs_tiles(b_layout: str) -> tuple[TileConfig, ...]:
     """The tiles GEMM-RS compiles: staged 16-bit boxes (whole 64-column boxes per warpgroup, a
     staging buffer beside the ring), no k-split cluster, fewer than 128 accumulators a thread."""
     out = []
     for t in tune.tiles_for(b_layout):
-        # 128 accumulators (a 256-wide warpgroup fragment) leave too few of the consumers' 168
-        # registers for the own tiles' reduction: ptxas spills
+        # 128 accumulators (a 256-wide warpgroup fragment) beside this epilogue: ptxas spills (8-108 B)
         if t.cluster_k > 1 or t.wn % 64 or t.wn // 2 >= 128:
             continue
         if engine.kernel_options(t, engine.NOWAIT, rs_epilogue("bf16"), DType.BF16).store_bufs == 0:
             continue
         out.append(t)
-    return out
+    return tuple(out)
 
 
 def tiles_cap_for(max_m: int, world: int, n: int, tiles) -> int:
@@ -297,19 +306,8 @@ class GemmRS(CollectiveOp):
             if group.world > 1 and config.tile not in rs_tiles(b_layout):
                 raise ValueError(f"GemmRS: config tile {config.tile.tag()} is not a GEMM-RS variant for layout {b_layout!r} "
                                  f"(use one of {', '.join(t.tag() for t in rs_tiles(b_layout))})")
-        self.config = config
-        self.own_delay = own_delay
         super().__init__(group, side_streams=0)
-        self.dev = engine.check_arch(self.device_id) if self.world > 1 else tune.device_info(self.device_id)
-        self.ctas = int(ctas) if ctas is not None else self.dev.sms
-        if not 1 <= self.ctas <= self.dev.sms:
-            raise ValueError(f"GemmRS: ctas={ctas} must be in 1..{self.dev.sms} (this device has {self.dev.sms} SMs)")
-        self.tile_ctas = self.ctas
-        self._tiles = [config.tile] if config is not None else rs_tiles(b_layout)
-        self.tiles_cap = tiles_cap_for(self.max_m, self.world, self.n, self._tiles)
-        self._plans: dict[int, tuple] = {}
-        self._plans_lock = threading.Lock()
-        self.recv = self.sync = None
+        self._configure(config, own_delay, ctas)
         if self.world == 1:
             return
         part_code, part_bytes = PARTIALS[self.partials]
@@ -332,6 +330,22 @@ class GemmRS(CollectiveOp):
             self._tiles = [t for t in self._tiles if t.cluster_size == 1]
         self.recv = self.symmetric(recv_bytes(self.max_m, self.n, part_bytes), "recv")
         self.sync = self.symmetric(sync_bytes(self.world, self.tiles_cap), "sync")
+
+    def _configure(self, config: GemmConfig | None, own_delay: int | None, ctas: int | None) -> None:
+        """This rank's part of the construction, once the group's is done (rawflux/bench/rs_local.py
+        calls it for ranks without a group): device, grid, tiles, plan cache; no buffers yet."""
+        self.config = config
+        self.own_delay = own_delay
+        self.dev = engine.check_arch(self.device_id) if self.world > 1 else tune.device_info(self.device_id)
+        self.ctas = int(ctas) if ctas is not None else self.dev.sms
+        if not 1 <= self.ctas <= self.dev.sms:
+            raise ValueError(f"GemmRS: ctas={ctas} must be in 1..{self.dev.sms} (this device has {self.dev.sms} SMs)")
+        self.tile_ctas = self.ctas
+        self._tiles = [config.tile] if config is not None else list(rs_tiles(self.b_layout))
+        self.tiles_cap = tiles_cap_for(self.max_m, self.world, self.n, self._tiles)
+        self._plans: dict[int, tuple] = {}
+        self._plans_lock = threading.Lock()
+        self.recv = self.sync = None
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, m: int) -> RsPlan:
@@ -361,12 +375,13 @@ class GemmRS(CollectiveOp):
         gplan = replace(gplan, params=p.params, grid=p.clusters * t.cluster_size)
         maps = b"".join(self._recv_map(o, p.m_loc) for o in range(self.world))
         maps += _ZERO_MAP * (MAX_WORLD - self.world)
-        record = (0, OP_GEMM_RS) + p.fields + (0,) * (META_WORDS - 2 - len(p.fields))
+        record = call_record(p.fields)
         peers = lambda ptrs: list(ptrs) + [0] * (MAX_WORLD - len(ptrs))  # noqa: E731
         tail = EPI_TAIL.pack(self.recv.ptr, self.sync.ptr, self.group_ctrl_ptr, 0, *peers(self.recv.peer_ptrs),
                              *peers(self.sync.peer_ptrs), 0, p.m_loc, self.tiles_cap, self.rank, self.world, self.max_m // self.world,
                              *record)
-        entry = (p, gplan, maps, tail)
+        rest = maps + tail  # Params past the out map, padded to sizeof(Params)
+        entry = (p, gplan, rest + bytes(EPI_PARAMS_BYTES - 128 - len(rest)))
         with self._plans_lock:
             self._plans[m] = entry
         return entry
@@ -408,14 +423,13 @@ class GemmRS(CollectiveOp):
             self.begin(s, (m,))
             self._local_gemm(ta, tb, tc, bias_ptr, bias_kind, lda, ldb, ldc, s)
             return wrap_output(ta, tc, stream=s)
-        p, gplan, maps, tail = self._plan_entry(m)
+        p, gplan, rest = self._plan_entry(m)
         self.begin(s, p.fields)
         out_map = tensor_map(tc.ptr, dt, m_loc, n, ldc, 64, 64)
         if bias_kind:
-            tail = (tail[:_BIAS_AT] + struct.pack("<Q", bias_ptr) + tail[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", bias_kind)
-                    + tail[_BIAS_KIND_AT + 4:])
-        epi = out_map + maps + tail
-        epi += bytes(EPI_PARAMS_BYTES - len(epi))
+            rest = (rest[:_BIAS_AT] + struct.pack("<Q", bias_ptr) + rest[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", bias_kind)
+                    + rest[_BIAS_KIND_AT + 4:])
+        epi = out_map + rest
         gplan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
         return wrap_output(ta, tc, stream=s)
 

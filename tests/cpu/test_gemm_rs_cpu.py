@@ -278,7 +278,7 @@ def _layout_asserts() -> str:
             f'static_assert(__builtin_offsetof({ps}, tmap_out) == 0, "{part}: Params.tmap_out");',
             f'static_assert(__builtin_offsetof({ps}, tmap_recv) == 128, "{part}: Params.tmap_recv");',
             f'static_assert(RsEpilogue<{code}>::kPartBytes == {nbytes}, "{part}: kPartBytes");',
-            f'static_assert(RsEpilogue<{code}>::kStateBytes == 64, "{part}: kStateBytes (engine.abi._state_bytes)");',
+            f'static_assert(RsEpilogue<{code}>::kStateBytes == 64, "{part}: kStateBytes (engine.abi.epilogue_traits)");',
         ]
         off = TAIL_OFFSET
         for name, fmt in zip(TAIL_FIELDS, ("Q",) * 4 + (f"{W8}Q",) * 2 + ("i",) * 6 + (f"{C.META_WORDS}I",)):

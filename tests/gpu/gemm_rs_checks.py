@@ -586,11 +586,7 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
         trace(f"m={m} begin")
         with cupy.cuda.Device(g.device_id):
             s = cupy.cuda.Stream(non_blocking=True)
-            with s:
-                a = dev_from_f32(cupy.random.default_rng(1).standard_normal((m, k), dtype=cupy.float32), "bf16")
-                b = dev_from_f32(cupy.random.default_rng(2).standard_normal((n, k), dtype=cupy.float32), "bf16")
-                out = empty16((m // W, n), "bf16")
-                full = empty16((m, n), "bf16")
+            a, b, out, full = _perf_inputs(s, W, m, n, k, seed=1)
             op = GemmRS(g, m, n, k, "bf16")
             trace("op built")
             try:
@@ -637,9 +633,20 @@ def _perf_cases(g, comm, W, n, k, emulated) -> list[Check]:
     return out_checks
 
 
+def _perf_inputs(s, W: int, m: int, n: int, k: int, seed: int):
+    """Random bf16 a (m, k) and b (n, k), and the fused (m/W, n) and plain (m, n) outputs, on stream s."""
+    import cupy
+
+    with s:
+        a = dev_from_f32(cupy.random.default_rng(seed).standard_normal((m, k), dtype=cupy.float32), "bf16")
+        b = dev_from_f32(cupy.random.default_rng(seed + 1).standard_normal((n, k), dtype=cupy.float32), "bf16")
+        return a, b, empty16((m // W, n), "bf16"), empty16((m, n), "bf16")
+
+
 def _fusion_tax_check(g, comm, W: int, m: int = 4096, n: int = 8192, k_all: int = 8192) -> Check:
-    """The fused kernel at world W with its peers mapped onto its own buffers (no link, no wait)
-    against rawflux.gemm on the same problem, on rank 0's SMs while the others wait: <= 1.03."""
+    """The fused kernel at world W with its peers' buffers as local stand-ins (no link, no wait;
+    rawflux/bench/rs_local.py) against rawflux.gemm on the same problem, on rank 0's SMs while the
+    others wait: <= 1.03."""
     ok, detail = True, ""
     if comm.rank == 0:
         import cupy
@@ -650,11 +657,7 @@ def _fusion_tax_check(g, comm, W: int, m: int = 4096, n: int = 8192, k_all: int 
         k = k_all // W
         with cupy.cuda.Device(g.device_id):
             s = cupy.cuda.Stream(non_blocking=True)
-            with s:
-                a = dev_from_f32(cupy.random.default_rng(5).standard_normal((m, k), dtype=cupy.float32), "bf16")
-                b = dev_from_f32(cupy.random.default_rng(6).standard_normal((n, k), dtype=cupy.float32), "bf16")
-                out = empty16((m // W, n), "bf16")
-                full = empty16((m, n), "bf16")
+            a, b, out, full = _perf_inputs(s, W, m, n, k, seed=5)
             op = local_world(W, m, n, k, "bf16", tax=True)
             op.preset(m)
             op(a, b, out=out, stream=s)

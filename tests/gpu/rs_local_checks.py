@@ -23,37 +23,27 @@ def _inputs(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _np16(tag):
-    from rawflux.runtime import DType
-
-    return {"bf16": DType.BF16, "f16": DType.F16}[tag].np
-
-
 def _dev16(x, tag):
-    """float32 host array -> 16-bit device array (round to nearest even; bf16 through its bits)."""
+    """float32 host array -> 16-bit device array (round to nearest even)."""
     import cupy
 
-    d = cupy.asarray(x, dtype=cupy.float32)
-    if tag == "f16":
-        return d.astype(cupy.float16)
-    u = d.view(cupy.uint32)
-    r = ((u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16).astype(cupy.uint16)
-    return r.view(_np16("bf16"))
+    from tests.gpu.gemm_rs_checks import dev_from_f32
+
+    return dev_from_f32(cupy.asarray(x, dtype=cupy.float32), tag)
 
 
 def _to_f64(x, tag):
-    import cupy
+    from tests.gpu.gemm_rs_checks import host_f64
 
-    if tag == "f16":
-        return cupy.asnumpy(x).astype(np.float64)
-    u = cupy.asnumpy(x.view(cupy.uint16)).astype(np.uint32) << 16
-    return u.view(np.float32).astype(np.float64)
+    return host_f64(x)
 
 
 def _poisoned(shape, tag):
-    import cupy
+    from tests.gpu.gemm_rs_checks import empty16, poison
 
-    return cupy.full(shape, 0x7FC0 if tag == "bf16" else 0x7E00, dtype=cupy.uint16).view(_np16(tag))
+    x = empty16(shape, tag)
+    poison(x)
+    return x
 
 
 def run_call(ops, a, b, outs, bias=None):

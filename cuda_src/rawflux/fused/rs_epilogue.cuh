@@ -32,58 +32,16 @@
 #include "rawflux/fused/rs_sched.cuh"
 #include "rawflux/gemm/epilogue/fragment.cuh"
 #include "rawflux/gemm/epilogue/tma_store.cuh"
+#include "rawflux/ptx/global.cuh"
 
 namespace rawflux {
 namespace rs {
-
-RAWFLUX_DEVICE u64 ld_shared_u64(u32 addr) {
-  u64 v;
-  asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
-  return v;
-}
-RAWFLUX_DEVICE void st_shared_u64(u32 addr, u64 v) { asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory"); }
-RAWFLUX_DEVICE u32 ld_shared_u32(u32 addr) {
-  u32 v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-RAWFLUX_DEVICE void st_shared_u32(u32 addr, u32 v) { asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
-RAWFLUX_DEVICE void st_release_cta_shared_u32(u32 addr, u32 v) {
-  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-RAWFLUX_DEVICE u32 atom_add_acq_rel_gpu_u32(u32* p, u32 v) {
-  u32 old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
 
 RAWFLUX_DEVICE void ld_v2_f32(u64 addr, float& a, float& b) {
   asm volatile("ld.global.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "l"(addr) : "memory");
 }
 RAWFLUX_DEVICE void st_v4f(u64 addr, float a, float b, float c, float d) {
   asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-
-RAWFLUX_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(ptx::smem_u32(dst)),
-      "l"(reinterpret_cast<u64>(map)), "r"(ptx::smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
-RAWFLUX_DEVICE void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
-RAWFLUX_DEVICE void tma_store_3d(const TensorMap* map, u32 src_smem, i32 c0, i32 c1, i32 c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<u64>(map)),
-               "r"(src_smem), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
 }
 
 // fp32 fragment rows (addresses of column 0; 0 = row skipped) -> 16-byte stores. Lane pairs
@@ -173,7 +131,7 @@ struct RsEpilogue {
   static RAWFLUX_DEVICE void init(const Params& ep, u32 scratch) {
     const u32 state = scratch + state_offset<Cfg>();
 #pragma unroll
-    for (int i = 0; i < kStateBytes; i += 8) rs::st_shared_u64(state + i, 0ull);
+    for (int i = 0; i < kStateBytes; i += 8) ptx::st_shared_u64(state + i, 0ull);
     // the stores' descriptors into the TMA unit's cache before the first tile needs them
     ptx::tma_prefetch_desc(&ep.tmap_out);
     if constexpr (kPart != kRsPartF32) {
@@ -219,13 +177,13 @@ struct RsEpilogue {
       failed = failed || !__all_sync(0xffffffffu, ok);
       ++ready;
       if (lane == 0) {
-        if (failed) rs::st_shared_u32(state + 36, 1u);
+        if (failed) ptx::st_shared_u32(state + 36, 1u);
         // release (cta): the lanes' acquires of the peers' flags (joined by __all_sync) before the consumers' reads
-        rs::st_release_cta_shared_u32(state + 32, ready);
+        ptx::st_release_cta_shared_u32(state + 32, ready);
       }
     }
     // release (cta): this role's read of the epoch word before finish's advance of it
-    if (lane == 0) rs::st_release_cta_shared_u32(state + 40, 1u);
+    if (lane == 0) ptx::st_release_cta_shared_u32(state + 40, 1u);
   }
 
   // Lane q: peer q made the same call (its record, pushed at its kernel's start).
@@ -258,14 +216,14 @@ struct RsEpilogue {
   // Thread 0 of a warpgroup: raise the flag its previous remote tile still owes.
   template <class Cfg>
   static RAWFLUX_DEVICE void release_pending(u32 state, u32 e) {
-    const u64 flag = rs::ld_shared_u64(state);
+    const u64 flag = ptx::ld_shared_u64(state);
     if (flag == 0) return;
     if constexpr (kPart != kRsPartF32) {
       ptx::bulk_wait_all();             // the tile's boxes are written into the owner's slot, not only read from shared memory
       fence_proxy_async_global();  // orders those async-proxy writes before this thread's generic release below
     }
     signal_set(reinterpret_cast<u32*>(flag), e);  // release (sys): the partial reaches its owner before the flag
-    rs::st_shared_u64(state, 0ull);
+    ptx::st_shared_u64(state, 0ull);
   }
 
   // ---- The own tile's partials through the stage ring (kExtraBlocks): after the tile's k blocks
@@ -292,12 +250,12 @@ struct RsEpilogue {
   // Producer thread, before an own tile's first extra block: the side role has seen its peers'
   // flags (the producer's count of own tiles at state + 44).
   template <class Cfg>
-  static RAWFLUX_DEVICE void extra_wait(const Params& ep, u32 scratch) {
+  static RAWFLUX_DEVICE void extra_wait(const Params& ep, const GemmParams& p, u32 scratch) {
     const u32 state = scratch + state_offset<Cfg>();
-    const u32 seen = rs::ld_shared_u32(state + 44) + 1u;
-    rs::st_shared_u32(state + 44, seen);
-    rs::st_shared_u32(state + 48, epoch(ep));  // for extra_load: one read of the epoch word per own tile
-    ptx::wait_count_geq<false>(state + 32, seen, (i64)1 << 62);  // acquire (cta): the side role's acquires of the peers' flags
+    const u32 seen = ptx::ld_shared_u32(state + 44) + 1u;
+    ptx::st_shared_u32(state + 44, seen);
+    ptx::st_shared_u32(state + 48, epoch(ep));  // for extra_load: one read of the epoch word per own tile
+    ptx::wait_count_geq<false>(state + 32, seen, p.timeout_ns);  // acquire (cta): the side role's acquires of the peers' flags
     fence_proxy_async_global();  // the partials those flags published (generic order) before the TMA loads below read them
   }
 
@@ -307,11 +265,11 @@ struct RsEpilogue {
     const i32 lp = RsSchedT<Cfg>::rows_per_owner(p);
     const i32 q = round < ep.rank ? round : round + 1;
     const i32 lrow0 = (tile_m - ep.rank * lp) * Cfg::kBM;
-    const i32 slot = (i32)(rs::ld_shared_u32(scratch + state_offset<Cfg>() + 48) & 1u) * ep.world + q;
+    const i32 slot = (i32)(ptx::ld_shared_u32(scratch + state_offset<Cfg>() + 48) & 1u) * ep.world + q;
     ptx::mbar_arrive_expect_tx(full, (u32)(Cfg::kBM * 128));  // BM rows of 64 16-bit columns (zero fill past the slot counts too)
 #pragma unroll
     for (int h = 0; h < Cfg::kBM / 64; ++h) {
-      rs::tma_load_3d(dst + h * TmaStore::kBoxBytes, &ep.tmap_recv[ep.rank], full, tile_n * Cfg::kBN + 64 * cb, lrow0 + 64 * h, slot);
+      ptx::tma_load_3d(dst + h * TmaStore::kBoxBytes, &ep.tmap_recv[ep.rank], full, tile_n * Cfg::kBN + 64 * cb, lrow0 + 64 * h, slot);
     }
   }
 
@@ -332,7 +290,7 @@ struct RsEpilogue {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const u32 unit = (u32)(2 * q) + next_block;
-          rs::ldmatrix_x4(box + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+          ptx::ldmatrix_x4(box + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
         }
 #pragma unroll
         for (int i = 0; i < TmaStore::kBoxRegs; ++i) {
@@ -432,10 +390,10 @@ struct RsEpilogue {
     const u32 state = state_base + 16 * tc.consumer;
     // the epoch, read from global memory by the warpgroup's first tile and kept at state + 12
     // (a thread that still sees 0 there reads it again: the same value)
-    u32 e = rs::ld_shared_u32(state + 12);
+    u32 e = ptx::ld_shared_u32(state + 12);
     if (e == 0u) {
       e = epoch(ep);
-      if (tc.tid == 0) rs::st_shared_u32(state + 12, e);
+      if (tc.tid == 0) ptx::st_shared_u32(state + 12, e);
     }
     const u32 parity = e & 1u;
     const i32 tile = l * p.tiles_n + tc.tile_n;
@@ -455,22 +413,22 @@ struct RsEpilogue {
       } else {
         const TensorMap* map = &ep.tmap_recv[owner];
         const i32 slot = (i32)parity * ep.world + ep.rank;
-        store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) { rs::tma_store_3d(map, addr, col, lrow0, slot); });
+        store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) { ptx::tma_store_3d(map, addr, col, lrow0, slot); });
       }
       if (tc.tid == 0) {
         const u64 flag = ep.sync_peer[owner] +
                          rs_flag_offset(parity, ep.world, ep.rank, ep.tiles_cap, tile, tc.consumer);
-        rs::st_shared_u64(state, flag);
+        ptx::st_shared_u64(state, flag);
       }
       return;
     }
     // Own tile: thread 0 waits until the side role has seen its peers' flags.
     bool ok = true;
     if (tc.tid == 0) {
-      const u32 seen = rs::ld_shared_u32(state + 8) + 1u;
-      rs::st_shared_u32(state + 8, seen);
+      const u32 seen = ptx::ld_shared_u32(state + 8) + 1u;
+      ptx::st_shared_u32(state + 8, seen);
       ptx::wait_count_geq<false>(state_base + 32, seen, p.timeout_ns);  // acquire (cta): the side role's acquires of the flags
-      ok = rs::ld_shared_u32(state_base + 36) == 0u;
+      ok = ptx::ld_shared_u32(state_base + 36) == 0u;
     }
     // joins thread 0: its acquire orders every thread's reads of the receive slots below
     if (ptx::named_barrier_or(kWarpgroupBarrierBase + tc.consumer, 128, !ok) || lrow0 >= ep.m_loc) return;  // any thread not ok
@@ -500,7 +458,7 @@ struct RsEpilogue {
       ptx::wait_count_geq<false>(scratch + state_offset<Cfg>() + 40, 1u, (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull));  // acquire (cta): the side role is done with the epoch word
       u32* done = reinterpret_cast<u32*>(ep.sync + kRsDoneOffset);
       // acq_rel: every CTA's reads of the epoch word happen before the last one advances it
-      const u32 prev = rs::atom_add_acq_rel_gpu_u32(done, 1u);
+      const u32 prev = ptx::atom_add_acq_rel_gpu(done, 1u);
       if (prev == gridDim.x - 1) {
         *done = 0u;
         *reinterpret_cast<volatile u32*>(ep.sync + kRsEpochOffset) = e;  // the next call (next kernel in stream order) is e + 1

@@ -95,7 +95,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       // its peers, one 64-column box of the tile per stage, W - 1 rounds), into the A part of the ring.
       static_assert(!kRefill, "extra blocks are loaded by the producer alone");
       const i32 rounds = Epilogue::template extra_rounds<Cfg, SchedT>(epi, p, w.tile_m);
-      if (rounds > 0) Epilogue::template extra_wait<Cfg>(epi, ptx::smem_u32(smem) + kScratchOffset<Cfg>);
+      if (rounds > 0) Epilogue::template extra_wait<Cfg>(epi, p, ptx::smem_u32(smem) + kScratchOffset<Cfg>);
       for (i32 r = 0; r < rounds; ++r) {
         for (i32 cb = 0; cb < Cfg::kBN / 64; ++cb) {
           ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);

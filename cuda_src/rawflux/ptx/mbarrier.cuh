@@ -238,6 +238,25 @@ RAWFLUX_DEVICE void st_cluster_v4f(u32 remote_addr, float a, float b, float c, f
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote_addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 
+// Scalar shared-memory words (an epilogue's state; the release orders this thread's earlier accesses
+// before a CTA-scope acquire of the word).
+RAWFLUX_DEVICE u64 ld_shared_u64(u32 addr) {
+  u64 v;
+  asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
+  return v;
+}
+RAWFLUX_DEVICE void st_shared_u64(u32 addr, u64 v) { asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory"); }
+RAWFLUX_DEVICE u32 ld_shared_u32(u32 addr) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+RAWFLUX_DEVICE void st_shared_u32(u32 addr, u32 v) { asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+RAWFLUX_DEVICE void st_release_cta_shared_u32(u32 addr, u32 v) {
+  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+
 RAWFLUX_DEVICE void ld_shared_v4f(u32 addr, float& a, float& b, float& c, float& d) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "r"(addr) : "memory");
 }

@@ -71,5 +71,29 @@ RAWFLUX_DEVICE void stmatrix_x4(u32 row_addr, u32 r0, u32 r1, u32 r2, u32 r3) {
                : "memory");
 }
 
+// 3-D box at (c0, c1, c2) -> dst in this CTA (no multicast); bytes complete on bar.
+RAWFLUX_DEVICE void tma_load_3d(void* dst, const TensorMap* map, u64* bar, i32 c0, i32 c1, i32 c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<u64>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// The inverse of stmatrix_x4 with the same lane addresses: four 8x8 b16 matrices into registers.
+RAWFLUX_DEVICE void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+// Shared -> global: a 3-D box at (c0, c1, c2), clipped at the tensor's bounds, in this thread's bulk async-group.
+RAWFLUX_DEVICE void tma_store_3d(const TensorMap* map, u32 src_smem, i32 c0, i32 c1, i32 c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<u64>(map)),
+               "r"(src_smem), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+
 }  // namespace ptx
 }  // namespace rawflux
