@@ -42,13 +42,35 @@ def _table(ptrs, keep: list) -> int:
     return int(t.data.ptr)
 
 
+class _HostStatus:
+    """The Status record in pinned host memory mapped into the device, as a Group keeps it: reading
+    it never synchronises the device (a device buffer read back per call would drain the stream
+    before every launch, and the timings would include the host's launch path)."""
+
+    def __init__(self):
+        from ..dist._backend import CudaBackend
+
+        self._be = CudaBackend()
+        self.host, self.dev = self._be.host_alloc_mapped(64)
+
+    def state(self) -> int:
+        return struct.unpack("<I", self._be.read_host(self.host, 4))[0]
+
+    def __del__(self):
+        try:
+            self._be.free_host(self.host)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
 def _group_ctrl(rank: int, world: int, timeout_s: float, keep: list) -> int:
-    """A GroupCtrl (comm/ctrl.cuh) in device memory: its Status record and abort words are device
-    buffers of this process (read back with ``failed()``)."""
-    status = _alloc(64, keep)
+    """A GroupCtrl (comm/ctrl.cuh) in device memory: its Status record in host-mapped memory
+    (``failed()`` reads it) and its abort words in a device buffer of this process."""
+    status = _HostStatus()
+    keep.append(status)
     ctrl = _alloc(1024, keep)
     peers = _table([int(ctrl.data.ptr)] * world, keep)
-    raw = struct.pack("<QQQii4Q", int(timeout_s * 1e9), int(status.data.ptr), peers, rank, world, 0, 0, 0, 0)
+    raw = struct.pack("<QQQii4Q", int(timeout_s * 1e9), status.dev, peers, rank, world, 0, 0, 0, 0)
     g = _alloc(64, keep)
     g[: len(raw)].set(np.frombuffer(raw, dtype=np.uint8))
     return int(g.data.ptr), status
@@ -63,8 +85,7 @@ class _FakeGroup:
 
     @property
     def status(self):
-        st = int(self._status[:4].view(np.uint32).get()[0])
-        return SimpleNamespace(state=st)
+        return SimpleNamespace(state=self._status.state())
 
 
 def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_layout: str, partials: str, config, ctas: int,
@@ -79,7 +100,7 @@ def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_la
     sync_ptrs = [int(b.data.ptr) for b in sync]
     op.recv = _Buf(ptr=recv_ptrs[rank], peer_ptrs=recv_ptrs, peer_table_ptr=_table(recv_ptrs, keep))
     op.sync = _Buf(ptr=sync_ptrs[rank], peer_ptrs=sync_ptrs, peer_table_ptr=_table(sync_ptrs, keep))
-    op.failed = lambda: int(status[:4].view(np.uint32).get()[0])
+    op.failed = status.state
     return op
 
 

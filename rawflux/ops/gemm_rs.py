@@ -40,7 +40,7 @@ from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
 from ..runtime import DType, as_tensor, check_matrix, prepare_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
-from ..tune.rs_order import per_owner_tiles, rows_per_owner
+from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
 from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group
 
 __all__ = ["GemmRS", "gemm_rs", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
@@ -241,7 +241,7 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     params = engine.GEMM_PARAMS.pack(
         m, n, k, world * lp, tiles_n, kb, 1, kb, max(1, cfg.group), 0, world, rank, 0,
-        tune.a_box_rows(t, m), tune.a_tail_rows(t, m), 0, 0, delay, 0, 0, timeout_ns,
+        tune.a_box_rows(t, m), a_tail_rows(t, m, world), 0, 0, delay, 0, 0, timeout_ns,
     )
     fields = (m, n, k, DTYPE_CODE[dtype], _LAYOUT_CODE[b_layout], part_code, t.bm, t.bn, t.cluster_m, t.cluster_n, t.consumers)
     return RsPlan(m, m_loc, cfg, lp, per_owner, clusters, delay, params, fields)
@@ -349,7 +349,10 @@ class GemmRS(CollectiveOp):
 
     # --- planning -------------------------------------------------------------------------------
     def plan(self, m: int) -> RsPlan:
-        """The launch plan for calls of this m (cached)."""
+        """The fused kernel's launch plan for calls of this m (cached). World 1 has none: it runs
+        rawflux.gemm's plan."""
+        if self.world == 1:
+            raise ValueError("GemmRS.plan: world 1 runs the plain GEMM (rawflux.gemm's configuration), not the fused kernel")
         return self._plan_entry(m)[0]
 
     def _plan_entry(self, m: int):
@@ -372,7 +375,8 @@ class GemmRS(CollectiveOp):
                 p = plan_call(m, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, partials=self.partials,
                               world=self.world, rank=self.rank, dev=self.dev, ctas=fit * t.cluster_size, tiles_cap=self.tiles_cap,
                               config=p.cfg, own_delay=self.own_delay, timeout_ns=self.pipeline_timeout_ns())
-        gplan = replace(gplan, params=p.params, grid=p.clusters * t.cluster_size)
+        # A's tail box follows the owner tiling (a_tail_rows), not the plain tiling engine.plan assumed
+        gplan = replace(gplan, params=p.params, grid=p.clusters * t.cluster_size, a_tail=a_tail_rows(t, m, self.world))
         maps = b"".join(self._recv_map(o, p.m_loc) for o in range(self.world))
         maps += _ZERO_MAP * (MAX_WORLD - self.world)
         record = call_record(p.fields)

@@ -28,6 +28,22 @@ def per_owner_tiles(m_loc: int, n: int, tile: TileConfig) -> int:
     return rows_per_owner(m_loc, tile) // tile.cluster_m * _cdiv(_cdiv(n, tile.bn), tile.cluster_n)
 
 
+def a_tail_rows(tile: TileConfig, m: int, world: int) -> int:
+    """Rows of A's tail box (GemmParams::a_tail_rows) for the per-owner tiling. The kernel loads
+    the tail box instead of the full one where fewer than a box of rows remain before m (and m
+    exceeds a box, gemm/load.cuh a_tail_box): with owner rows that is an owner's last tile row
+    near m, which needs that owner's rows of it, m_loc - (L - 1) BM (the same for every owner), or
+    a padding row (never stored). The plain tiling's tail (tune.a_tail_rows) counts from row 0
+    and can be shorter."""
+    if tile.cluster_n > 1:
+        return 0  # A multicast: the box is split between the CTAs, no tail map
+    m_loc = m // world
+    last = m_loc - (_cdiv(m_loc, tile.bm) - 1) * tile.bm
+    if m > tile.bm and last < tile.bm:
+        return _cdiv(last, 8) * 8
+    return 8 if rows_per_owner(m_loc, tile) > _cdiv(m_loc, tile.bm) else 0
+
+
 def interleaved_own(world: int, per_owner: int, delay: int) -> int:
     """Own tiles placed among the remote ones (the rest close the order)."""
     remote = (world - 1) * per_owner

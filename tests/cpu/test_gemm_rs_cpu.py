@@ -17,6 +17,7 @@ from rawflux.engine import planning as P
 from rawflux.ops import _collective as C
 from rawflux.ops import gemm_rs as rs
 from rawflux.runtime import DType, arrays
+from rawflux.tune.rs_order import a_tail_rows as rs_a_tail_rows
 from rawflux.tune.rs_order import per_owner_tiles, rows_per_owner
 
 DEV = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20, name="fake")
@@ -168,12 +169,43 @@ def test_plan_call(m, n, k, world, rank, partials, layout):
     kb = _cdiv(k, tune.BK)
     assert g == dict(m=m, n=n, k=k, tiles_m=world * p.rows_per_owner, tiles_n=_cdiv(n, t.bn), k_blocks=kb, splits=1, kb_per_split=kb,
                      group=max(1, p.cfg.group), raster_n=0, seg_count=world, seg_start=rank, sk_tiles=0,
-                     a_box_rows=tune.a_box_rows(t, m), a_tail_rows=tune.a_tail_rows(t, m), tail_splits=0, narrow_from=0,
+                     a_box_rows=tune.a_box_rows(t, m), a_tail_rows=rs_a_tail_rows(t, m, world), tail_splits=0, narrow_from=0,
                      own_delay=p.clusters, workspace=0, counters=0, timeout_ns=12345)
     part_code = rs.PARTIALS[partials][0]
     assert p.fields == (m, n, k, C.DTYPE_CODE[DType.BF16], rs._LAYOUT_CODE[layout], part_code, t.bm, t.bn, t.cluster_m, t.cluster_n,
                         t.consumers)
     assert len(p.fields) == len(rs.GemmRS.META_FIELDS) <= C.META_FIELDS_MAX
+
+
+def _a_rows_loaded(t, p: dict, m0: int) -> int:
+    """Rows of A the kernel loads for a tile whose rows start at m0 (gemm/load.cuh: a_tail_box
+    picks the tail box, else the main box of a_box_rows)."""
+    box = t.bm // t.cluster_n
+    tail = t.cluster_n == 1 and p["a_tail_rows"] > 0 and (p["m"] - m0 <= 0 or (p["m"] - m0 < box and p["m"] > box))
+    return p["a_tail_rows"] if tail else p["a_box_rows"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_a_boxes_cover_owner_rows(world):
+    """Every tile row loads at least the rows of A its owner stores: owner rows start at o m_loc,
+    so the plain tiling's tail box (counted from row 0) can be short of an owner's last tile row
+    (the rows past it were stale shared memory: m = 74 at W = 2 on 64-row tiles lost rows 16..36)."""
+    checked = 0
+    for t in {t for layout in rs.B_LAYOUTS for t in rs.rs_tiles(layout)}:
+        for m_loc in list(range(1, 3 * t.bm + 2)) + [1000, 4096 // world + 3]:
+            m = world * m_loc
+            cap = rs.tiles_cap_for(m, world, 512, [t])
+            pc = rs.plan_call(m, n=512, k=256, dtype=DType.BF16, b_layout="nk", partials="bf16", world=world, rank=0, dev=DEV,
+                              ctas=128, tiles_cap=cap, config=tune.GemmConfig(t, tune.DP))
+            g = gemm_params(pc.params)
+            lp = pc.rows_per_owner
+            for o in range(world):
+                for l in range(lp):
+                    m0 = o * m_loc + l * t.bm
+                    need = min(t.bm, max(0, m_loc - l * t.bm))  # rows of this tile the owner keeps
+                    assert _a_rows_loaded(t, g, m0) >= need, (t.tag(), m, world, o, l)
+                    checked += 1
+    assert checked > 1000
 
 
 def test_plan_call_options():
@@ -435,6 +467,8 @@ def test_world_one_is_the_plain_gemm(fake_device):
     # a call of any m up to max_m, even one not a multiple of 8 (W = 1 divides every m)
     op(FakeCAI(BASE, (3, 128)), FakeCAI(BASE + (2 << 30), (256, 128)), out=FakeCAI(BASE + (1 << 30), (3, 256)), stream=0x42)
     assert len(log) == 2
+    with pytest.raises(ValueError, match="world 1 runs the plain GEMM"):
+        op.plan(3)  # no fused plan to show: world 1 launches rawflux.gemm's
 
 
 @pytest.mark.parametrize("call,match", [
@@ -503,6 +537,21 @@ def test_a_call_is_one_kernel(fake_device, monkeypatch, partials, with_bias):
     # the next call with the same m reuses the plan; a bias-free call after one with a bias carries none
     op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=out, stream=0x42)
     assert len(log) == 2 and epi_tail(log[1]["args"][4])["bias"] == 0 and op.calls == 2
+
+
+@pytest.mark.parametrize("m", [74, 196, 502])
+def test_tail_box_follows_owner_rows(fake_device, monkeypatch, m):
+    """The launched tail map's box has the rows GemmParams::a_tail_rows counts (the stage's
+    expected bytes): the owner tiling's, where the plain tiling's differs."""
+    log, _ = fake_device
+    monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 2)
+    op = rs.GemmRS(_Group(1, 2, []), 512, 512, 256, "bf16", config=tune.GemmConfig(tune.TileConfig(64, 128, 8), tune.DP))
+    op(FakeCAI(BASE, (m, 256)), FakeCAI(BASE + (2 << 30), (512, 256)), out=FakeCAI(BASE + (1 << 30), (m // 2, 512)), stream=0x42)
+    tmap_a, _, params, _, _, tmap_a_tail = log[0]["args"]
+    rows = gemm_params(params)["a_tail_rows"]
+    t = op.plan(m).cfg.tile
+    assert rows == rs_a_tail_rows(t, m, 2) != tune.a_tail_rows(t, m) and rows > 0
+    assert _read_map(tmap_a_tail, 7) == (BASE, engine.abi.TMAP_CODE[DType.BF16], m, 256, 256, rows, tune.BK)
 
 
 def test_construction_needs_the_same_arguments_everywhere(fake_device, monkeypatch):

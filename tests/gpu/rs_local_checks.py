@@ -149,6 +149,7 @@ CASES = [
     ("correct.tile64x128", 96, 384, 192, "nk", "bf16", None, None, (64, 128, 1)),
     ("correct.cluster", 512, 1024, 256, "nk", "bf16", None, None, (128, 192, 2)),
     ("correct.decode", 8, 1024, 512, "nk", "bf16", None, "in", None),
+    ("correct.owner_tail", 37, 512, 256, "nk", "bf16", None, None, (64, 128, 1)),  # tail box of an owner's last tile row
 ]
 
 
