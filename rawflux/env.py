@@ -74,6 +74,17 @@ def tune_mode() -> str:
     return os.environ.get("RAWFLUX_TUNE", "cached").strip().lower()
 
 
+def progress() -> str:
+    """RAWFLUX_PROGRESS: how long loops (rawflux.bench's sweep, the tuner) show progress: 'auto'
+    (default: a bar on a terminal, a plain line per step in a log), 'bar', 'lines', or 'off'
+    (no progress; a sweep's result lines still print)."""
+    raw = (os.environ.get("RAWFLUX_PROGRESS") or "auto").strip().lower()
+    raw = {"0": "off", "false": "off", "no": "off", "1": "auto"}.get(raw, raw)
+    if raw not in ("auto", "bar", "lines", "off"):
+        raise ValueError(f"RAWFLUX_PROGRESS must be auto, bar, lines or off, got {raw!r}")
+    return raw
+
+
 def arch_override() -> str | None:
     """RAWFLUX_ARCH: compile for this architecture (e.g. sm_90a) instead of the device's."""
     return os.environ.get("RAWFLUX_ARCH") or None
@@ -106,6 +117,16 @@ def launcher_local() -> tuple[int, int] | None:
         r, n = os.environ.get(rank_var, ""), os.environ.get(size_var, "")
         if r.strip().isdigit() and n.strip().isdigit():
             return int(r), int(n)
+    return None
+
+
+def launcher_rank() -> int | None:
+    """This process's rank in the MPI job as the launcher (Open MPI, MPICH/Hydra, PMIx, MVAPICH,
+    Slurm) gives it, or None outside one: who prints progress, without initialising MPI."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"):
+        raw = os.environ.get(var, "").strip()
+        if raw.isdigit():
+            return int(raw)
     return None
 
 

@@ -5,7 +5,9 @@ GPU; or the emulated node, several ranks on one GPU, flagged ``emulated`` in the
     mpirun -np 8 python -m rawflux.bench --op ag_gemm --shapes llama70b --m 2048,8192
     mpirun -np 2 python -m rawflux.bench --quick --shapes "4096,8192,8192"
 
-Prints a table (rank 0) and writes one JSON file per run under --out-dir.
+Rank 0 prints each row as it is measured, with the sweep's progress (a bar on a terminal, a
+count and an ETA on each line in a log; RAWFLUX_PROGRESS, --quiet), then the table, and writes
+one JSON file per run under --out-dir.
 """
 from __future__ import annotations
 
@@ -43,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="delay kernel before each timed region so launches queue ahead (default 500; 0: off)")
     ap.add_argument("--no-align", action="store_true", help="no device barrier before each timed region")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh every run)")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress and no per-row lines: the table and the file names only (RAWFLUX_PROGRESS=off: "
+                         "the row lines without the progress)")
     return ap
 
 
@@ -202,7 +207,7 @@ def run(args, group, side, argv) -> list[dict]:
     rank 0 prints the table and writes the JSON file. Collective. Returns the records."""
     from mpi4py import MPI
 
-    from ..runtime import DType
+    from ..runtime import DType, Progress
     from .timing import Ctx, fresh_seed, plan_nsets, set_bytes
 
     comm, rank, world = group.comm, group.rank, group.world
@@ -215,14 +220,14 @@ def run(args, group, side, argv) -> list[dict]:
     date = now_iso()
     records: list[dict] = []
 
-    for op, roles in plan(args.op):
-        chosen = impls(op, roles, args.impl_names)
-        if not chosen:
-            continue
-        for p in problems_for(op, args, world):
+    sweep = [(op, chosen, problems_for(op, args, world)) for op, roles in plan(args.op)
+             if (chosen := impls(op, roles, args.impl_names))]
+    prog = Progress(sum(len(c) * len(ps) for _, c, ps in sweep), enabled=rank == 0 and not args.quiet)
+    for op, chosen, problems in sweep:
+        for p in problems:
             why = p.check()
             if why:
-                say(f"skip {op} {p.label} m={p.m}: {why}")
+                prog.step(f"skip {op} {p.label} m={p.m}: {why}", len(chosen), keep=True)
                 continue
             nsets = plan_nsets(set_bytes(p, DType.from_any(p.dtype).itemsize), info.l2_bytes, budget) if op != "barrier" else 1
             nsets = comm.allreduce(nsets, op=MPI.MIN)
@@ -232,16 +237,17 @@ def run(args, group, side, argv) -> list[dict]:
             for impl in chosen:
                 res = measure(ctx, impl, side.timer)
                 if isinstance(res, str):
-                    say(f"skip {op} {p.label} m={p.m} {impl.name}: {res}")
+                    prog.step(f"skip {op} {p.label} m={p.m} {impl.name}: {res}", keep=True)
                     continue
                 rec = make_record(p, impl, res, info, args, nsets, date)
                 records.append(rec)
-                say(f"{op:8s} {p.label:22s} m={p.m:<6d} {p.dtype:4s} {impl.name:22s} {rec['ms']:9.4f} ms"
-                    + (f"  {rec['tflops']:7.1f} TFLOP/s" if rec["tflops"] else "")
-                    + (f"  {rec['gbps']:7.1f} GB/s" if rec["gbps"] else "")
-                    + (f"  {rec['us']:7.2f} us" if rec["us"] is not None else ""))
+                prog.step(f"{op:8s} {p.label:22s} m={p.m:<6d} {p.dtype:4s} {impl.name:22s} {rec['ms']:9.4f} ms"
+                          + (f"  {rec['tflops']:7.1f} TFLOP/s" if rec["tflops"] else "")
+                          + (f"  {rec['gbps']:7.1f} GB/s" if rec["gbps"] else "")
+                          + (f"  {rec['us']:7.2f} us" if rec["us"] is not None else ""), keep=True)
             del ctx, sets
             side.release()
+    prog.close()
 
     derive(records)
     if rank == 0:

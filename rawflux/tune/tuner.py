@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from .. import env
+from ..runtime.progress import Progress, is_rank0
 from .configs import TILES, GemmConfig
 from .heuristics import candidates, heuristic
 from .model import DeviceInfo, estimate_us
@@ -86,8 +87,10 @@ def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out
     if h not in seen:
         trials.append(h)
     best, best_us = None, math.inf
-    for c in trials:
-        us = time_us(c)
-        if us < best_us:
-            best, best_us = c, us
+    with Progress(len(trials), f"tune {m}x{n}x{k} {b_layout}", enabled=is_rank0()) as prog:
+        for c in trials:
+            us = time_us(c)
+            if us < best_us:
+                best, best_us = c, us
+            prog.step(f"{c.tag()} {us:.1f} us (best {best_us:.1f})")
     return best, best_us
