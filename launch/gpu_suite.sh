@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
-# ./.out); the whole output of the pytest, ag and rs stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs rslocal tax mpi bench gemmbench agce agdiag sanitize
+# ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn rslocal tax mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -48,6 +48,8 @@ for stage in "$@"; do
       log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
     ag)
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
+    nn)
+      log nn_checks; timeout 560 python3 tests/gpu/nn_checks.py --worlds ${WORLDS:-1,2,4} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-180} 2>&1 | keep nn_checks || rc=1 ;;
     rslocal)
       log rs_local_checks; timeout 200 python3 tests/gpu/rs_local_checks.py --worlds ${WORLDS:-2,4} 2>&1 | keep rs_local_checks || rc=1 ;;
     tax)

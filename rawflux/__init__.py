@@ -6,19 +6,22 @@
     c = rawflux.ag_gemm(a_shard, w_shard, group)            # AllGather(a) @ w_shard.T
     c = rawflux.gemm_rs(a, w_shard, group)                  # this rank's rows of sum_q a_q @ w_q.T
     c = rawflux.baseline.ag_gemm(a_shard, w_shard, group)   # the non-overlapped reference
+    mlp = rawflux.nn.TPMLP.from_llama(llama_mlp, group)     # TP layers (torch modules need torch)
 
-Layers (imports run one way): this module -> ops -> engine -> tune -> dist / runtime -> jit -> cuda_src.
+Layers (imports run one way): this module -> nn -> ops -> engine -> tune -> dist / runtime -> jit -> cuda_src.
 See README.md and docs/ARCHITECTURE.md.
 """
 from ._version import __version__
 from . import env
 from .dist import CallMismatch, CollectiveTimeout, DistError, Group, current_group, finalize, init
+from .runtime import CudaUnavailable
 from .ops.gemm import gemm
 from .ops.ag_gemm import AGGemm, ag_gemm
 from .ops.gemm_rs import GemmRS, gemm_rs
 from . import baseline
+from . import nn  # imports no framework: its torch modules load on first use
 
 __all__ = [
-    "AGGemm", "CallMismatch", "CollectiveTimeout", "DistError", "GemmRS", "Group", "__version__", "ag_gemm", "baseline",
-    "current_group", "env", "finalize", "gemm", "gemm_rs", "init",
+    "AGGemm", "CallMismatch", "CollectiveTimeout", "CudaUnavailable", "DistError", "GemmRS", "Group", "__version__", "ag_gemm", "baseline",
+    "current_group", "env", "finalize", "gemm", "gemm_rs", "init", "nn",
 ]

@@ -59,6 +59,61 @@ def form(comm, *, split=node_split) -> Topology:
     return Topology(rank, world, local_rank, local_world, host)
 
 
+@dataclass(frozen=True)
+class TPSplit:
+    """A job's ranks in tensor-parallel groups within nodes and data-parallel groups across them.
+    Ranks are the communicator's; tp_groups / dp_groups list every group (the same on every rank,
+    for torch.distributed.new_group, which every rank must call for every group)."""
+
+    tp_comm: object  # this rank's TP group, ranked by TP rank: rawflux.init(tp_comm)
+    dp_comm: object  # the ranks with this rank's TP rank, one per TP group, in rank order
+    rank: int  # in the communicator split
+    tp_rank: int
+    tp_groups: tuple[tuple[int, ...], ...]  # each in TP rank order
+    dp_groups: tuple[tuple[int, ...], ...]  # dp_groups[t]: the ranks of TP rank t
+
+    @property
+    def tp_ranks(self) -> tuple[int, ...]:
+        return next(g for g in self.tp_groups if self.rank in g)
+
+    @property
+    def dp_ranks(self) -> tuple[int, ...]:
+        return self.dp_groups[self.tp_rank]
+
+
+def tp_split(comm, tp: int, *, split=node_split) -> TPSplit:
+    """Collective over ``comm``: TP groups of ``tp`` ranks, each within one node (consecutive
+    node-local ranks), and DP groups of the ranks that hold the same TP rank. Raises DistError on
+    every rank alike when a node's rank count is not a multiple of tp (a TP group would span two
+    hosts) or tp is out of range."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= min(size, MAX_WORLD) or size % tp:
+        raise DistError(f"tp_split: tp = {tp!r} must be a whole divisor of the job's {size} ranks, at most {MAX_WORLD} (one node's GPUs)")
+    node = split(comm)
+    try:
+        local_rank, members = node.Get_rank(), node.allgather(rank)
+    finally:
+        node.Free()
+    layout = comm.allgather((len(members), socket.gethostname()))
+    odd = sorted({(h, n) for n, h in layout if n % tp})
+    if odd:
+        raise DistError(
+            f"tp_split: a TP group of {tp} ranks would span two hosts: "
+            + ", ".join(f"{h} runs {n} of the job's ranks" for h, n in odd)
+            + f", not a multiple of {tp}. rawflux maps peers' memory with CUDA IPC, so a TP group lies within one node: "
+            "launch a multiple of tp ranks per node, or use a smaller tp"
+        )
+    first = local_rank - local_rank % tp
+    mine = tuple(members[first:first + tp])
+    tp_rank = local_rank % tp
+    tp_comm = comm.Split(mine[0], key=tp_rank)
+    dp_comm = comm.Split(tp_rank, key=rank)
+    groups = comm.allgather(mine)
+    tp_groups = tuple(sorted(set(groups)))
+    dp_groups = tuple(tuple(sorted(g[i] for g in tp_groups)) for i in range(tp))
+    return TPSplit(tp_comm, dp_comm, rank, tp_rank, tp_groups, dp_groups)
+
+
 def choose_device(binding_rank: int, visible: int, forced: int | None = None) -> int:
     """The CUDA ordinal this process uses: ``forced`` (RAWFLUX_DEVICE / init(device=)) if given,
     else binding_rank % visible. Several ranks on one device is allowed (the emulated node)."""
