@@ -30,13 +30,28 @@ keep() {
   fi
   tail -n "${TAIL:-80}" "$f"
 }
+# first N: the first N lines, reading all of them (head would exit early, and under pipefail the
+# writer's SIGPIPE would fail the stage although the command passed).
+first() { awk -v n="$1" 'NR <= n'; }
+# sanitized NAME RESULTS CMD...: run a compute-sanitizer command with its whole output in
+# $OUT/suite/sanitize-NAME.log, show the grouped counts, and fail the suite (rc=1) unless
+# launch/sanitize_verdict.sh passes it (the exit status is the command's, not a pipe's).
+sanitized() {
+  local name=$1 results=$2 f st
+  shift 2
+  f="$OUT/suite/sanitize-$name.log"
+  mkdir -p "$OUT/suite"
+  "$@" > "$f" 2>&1; st=$?
+  grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|$results" "$f" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | first 30
+  bash launch/sanitize_verdict.sh "$f" "$st" "$results" || rc=1
+}
 rc=0
 for stage in "$@"; do
   case $stage in
     env)
       log env; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m 2>/dev/null | head -20
       echo "RAWFLUX_COMMIT=${RAWFLUX_COMMIT:-unset} (the device copy's .git can be stale: git says $(git rev-parse --short HEAD 2>/dev/null))"
-      python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())"
+      python3 -c "import cupy, cuda.bindings; from rawflux.jit import nvrtc_version; print('cupy', cupy.__version__, 'nvrtc', nvrtc_version())" || rc=1
       python3 tests/gpu/suballoc_probe.py 2>&1 | tail -6 ;;
     pytest)
       # One process per file: in one process, torch's import failed after the fused-op tests had
@@ -45,7 +60,7 @@ for stage in "$@"; do
         log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | TAIL=${TAIL:-15} keep "pytest-$(basename "$f" .py)" || rc=1
       done ;;
     dist)
-      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | head -60 || rc=1 ;;
+      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | first 60 || rc=1 ;;
     ag)
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
     nn)
@@ -59,7 +74,7 @@ for stage in "$@"; do
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
         log pytest-mpi world $n ${REAL:+one rank per GPU}
-        timeout 300 python3 -m rawflux.launch $(ranks $n) -m pytest -q -rf --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|FAILED|error|Error" | sort | uniq -c | head -20 || rc=1
+        timeout 300 python3 -m rawflux.launch $(ranks $n) -m pytest -q -rf --color=no -p no:cacheprovider --with-mpi tests/mpi 2>&1 | grep -a -E "passed|failed|FAILED|error|Error" | sort | uniq -c | first 20 || rc=1
       done ;;
     bench)
       # BENCH_WORLD: one or more world sizes ("2 4 8"), each on the emulated node (REAL: GPUs)
@@ -75,23 +90,28 @@ for stage in "$@"; do
       # small problems and few calls.
       export RAWFLUX_WAIT_TIMEOUT_S=60  # the sanitizer slows every kernel many times over
       # memcheck also lists failed CUDA API calls: cuda.bindings probes absent driver entry points
-      # with cuGetProcAddress at import (harmless); the grouped counts below show any other kind.
+      # with cuGetProcAddress at import (harmless); the grouped counts below show any other kind,
+      # and launch/sanitize_verdict.sh fails the stage on any error but those, any hazard, a
+      # failed check or a bad exit (the whole output: $OUT/suite/sanitize-*.log).
       for tool in memcheck racecheck; do
         log compute-sanitizer $tool gemm_rs world 2
-        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
-          python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|gemm_rs world=2 (correct|graph|loop)" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
+        sanitized "$tool-gemm_rs" "gemm_rs world=2 (correct|graph|loop)" timeout 240 python3 -m rawflux.launch -n 2 \
+          compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
+          python3 tests/gpu/gemm_rs_checks.py --worker --calls 10 --replays 3 --runs 2 --no-perf
         log compute-sanitizer $tool gemm "(TmaStore staging reuse)"
-        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 python3 tests/gpu/gemm_sanitize.py 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|gemm sanitize" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
+        sanitized "$tool-gemm" "gemm sanitize" timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
+          python3 tests/gpu/gemm_sanitize.py
         log compute-sanitizer $tool ag_gemm world 2
-        timeout 240 python3 -m rawflux.launch -n 2 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
-          python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise" 2>&1 | grep -a -E "ERROR SUMMARY|RACECHECK SUMMARY|Program hit|Invalid|Race|hazard|ag_gemm world=2" | sed -E 's/ \(error [0-9]+\) due to .* on CUDA API call to / on /' | sort | uniq -c | head -30
+        sanitized "$tool-ag_gemm" "ag_gemm world=2" timeout 240 python3 -m rawflux.launch -n 2 \
+          compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 1000 \
+          python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise"
       done ;;
     agce)
       # The copy-engine paths of ag_gemm where ranks share the GPU WITHOUT MPS (time-sliced
       # contexts): under MPS 'ce' is refused (rawflux/ops/ag_gemm.py, _check_copy_path).
       for w in ${CE_WORLDS:-2 4}; do
         log ag_gemm ce paths world $w without MPS
-        timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/ce" 2>&1 | grep -a -E "ag_gemm world=" | head -30 || rc=1
+        timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/ce" 2>&1 | grep -a -E "ag_gemm world=" | first 30 || rc=1
       done ;;
     agdiag)
       # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py). AGDIAG: ';'-separated

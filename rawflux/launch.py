@@ -118,15 +118,20 @@ def local_gpu_count() -> int:
     if visible is not None:
         return len(visible)
     smi = shutil.which("nvidia-smi")
+    found = "nvidia-smi is not on the PATH"
     if smi:
         try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
-            n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+            r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+            n = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
             if n:
                 return n
-        except (OSError, subprocess.SubprocessError):
-            pass
-    raise LaunchError("cannot count this node's GPUs (no CUDA_VISIBLE_DEVICES, no nvidia-smi): pass -n N")
+            said = (r.stdout + r.stderr).strip().splitlines()
+            found = f"nvidia-smi -L lists none ({said[0].strip() if said else f'exit {r.returncode}'})"
+        except (OSError, subprocess.SubprocessError) as e:
+            found = f"nvidia-smi -L failed ({e})"
+    # No GPU to count: the ranks would only fail, each with its own traceback.
+    raise LaunchError(f"no NVIDIA GPU found on this node ({found}, CUDA_VISIBLE_DEVICES is unset): rawflux needs NVIDIA "
+                      "Hopper GPUs, one rank per GPU; on a GPU node without nvidia-smi, pass -n N")
 
 
 def mpi_flavour(mpirun: str) -> str:

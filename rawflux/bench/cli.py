@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import env
+from ..dist import DistError
+from ..runtime import CudaUnavailable
 from .problems import DEFAULT_M, PRESETS, QUICK_M, Problem, build_problems, parse_ints
 from .registry import Unavailable, impls
 from .report import bus_gbps, derive, format_table, now_iso, tflops, write_json
@@ -197,7 +200,12 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.impl_names or ()) - known)
     if unknown:
         build_parser().error(f"--impl: no impl named {', '.join(unknown)} (registered: {', '.join(sorted(known))})")
-    group = init_group()
+    try:
+        group = init_group()
+    except (CudaUnavailable, DistError, ModuleNotFoundError) as e:  # what is missing: one line, no traceback
+        if env.launcher_rank() in (None, 0):
+            print(f"rawflux.bench: {e}", file=sys.stderr, flush=True)
+        return 1
     run(args, group, GpuSide(group, args), sys.argv if argv is None else list(argv))
     return 0
 

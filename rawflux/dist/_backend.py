@@ -62,6 +62,12 @@ class CudaBackend:
     name = "cuda"
     has_device = True
 
+    def problem(self) -> Exception | None:
+        """Why CUDA cannot be used in this process (the error to raise), or None."""
+        from ..runtime.device import problem
+
+        return problem()
+
     # --- devices ----------------------------------------------------------------------------
     def device_count(self) -> int:
         from cupy.cuda import runtime

@@ -4,7 +4,9 @@
 
 1. topology: rank, world, node-local rank (``comm.Split_type(MPI.COMM_TYPE_SHARED)``); a group
    spanning several nodes is refused with a clear error (IPC needs one node).
-2. device: ``RAWFLUX_DEVICE`` / ``init(device=)`` if given, else local rank % visible devices
+2. device: CUDA that cannot be used at all (no CUDA packages, driver or device) raises
+   CudaUnavailable on every rank, saying what is missing. ``RAWFLUX_DEVICE`` / ``init(device=)``
+   if given, else local rank % visible devices
    (for a group that leaves out some of the node's processes, the launcher's node-local rank
    instead, so several groups on one node do not all start at device 0). Several ranks on one device is allowed: the emulated node.
 3. peer access: GPUs are compared by PCI bus id; for every peer on another GPU,
@@ -29,6 +31,7 @@ import sys
 import threading
 
 from .. import env
+from ..runtime.device import CudaUnavailable
 from . import topology
 from ._backend import cuda_backend
 from .layout import (CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATUS_BYTES, StatusRecord,
@@ -92,15 +95,20 @@ class Group:
         self._group_ctrl = 0
         self.ctrl: SymmetricBuffer | None = None
         self._mpi = comm.Dup()  # private traffic never mixes with the caller's messages
+        # The ops' bounded agreements (rawflux.ops._collective.bounded_allgather) get a communicator of
+        # their own, made while every rank is here: a request one of them abandons at its timeout
+        # then never meets the group's teardown, a later group's setup or the caller's messages.
+        self.agree_comm = self._mpi.Dup()
         try:
             self._setup(device, timeout_s, split)
         except BaseException:
             self._release_local(free=True)
             self._closed = True
-            try:
-                self._mpi.Free()
-            except Exception:  # noqa: BLE001
-                pass
+            for c in (self.agree_comm, self._mpi):
+                try:
+                    c.Free()
+                except Exception:  # noqa: BLE001
+                    pass
             raise
 
     # --- formation ----------------------------------------------------------------------------
@@ -114,6 +122,16 @@ class Group:
         # the node's processes (several groups per node) by the launcher's node-local rank.
         launcher = env.launcher_local()
         binding_rank = launcher[0] if launcher is not None and launcher[1] > self.local_world else self.local_rank
+        # CUDA that cannot be used at all (no CUDA packages, driver or device) gets its own sentence,
+        # on every rank alike, before the binding step would report it as a CUDA error.
+        probe = getattr(be, "problem", None)
+        err = probe() if probe is not None else None
+        whys = self._mpi.allgather(None if err is None else str(err))
+        if err is not None:
+            raise err
+        bad = [q for q, w in enumerate(whys) if w]
+        if bad:
+            raise CudaUnavailable(f"rank(s) {bad} cannot use CUDA: {whys[bad[0]]}")
 
         def bind():
             dev = topology.choose_device(binding_rank, be.device_count(), forced)
@@ -358,6 +376,7 @@ class Group:
         if not safe:
             warnings.append("no peer confirmed it was done with this rank's symmetric buffers: they are leaked, not freed")
         if host_ok:
+            step("communicator free", self.agree_comm.Free)  # local: a request abandoned on it only delays the release
             step("communicator free", self._mpi.Free)
         _forget(self)
         if warnings:

@@ -64,6 +64,10 @@ _META_CHECK = "rawflux::meta_check_kernel"
 register(_META_SRC, _META_PUBLISH, archs=("sm_90a", "sm_80"))
 register(_META_SRC, _META_CHECK, archs=("sm_90a", "sm_80"))
 
+# Bound of the agreement that starts an op object's construction: ranks may reach it far apart
+# (loading weights, first compiles), so it is generous; still an error, never a hang.
+CONSTRUCT_WAIT_S = 300.0
+
 # Codes of dtypes in metadata records (stable numbers, not enum order).
 DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5M2: 5}
 
@@ -179,6 +183,14 @@ class CollectiveOp:
         self._kernels: dict[str, object] = {}
         self.calls = 0  # calls made on this rank (host count, for messages and tests)
         if self.world > 1:
+            # The rest is collective and blocking (symmetric buffers): agree first, bounded, so that a
+            # rank that raised on its arguments makes the others raise instead of hang.
+            got = bounded_allgather(g, (self.OP_ID, self.uid), f"{self.OP_NAME} construction",
+                                    timeout_s=max(g.timeout_s, CONSTRUCT_WAIT_S))
+            if any(v != got[0] for v in got):
+                listing = "; ".join(f"rank {q}: {OP_NAMES.get(op, op)} #{uid}" for q, (op, uid) in enumerate(got))
+                raise CallMismatch(f"ranks build different op objects ({listing}): every rank must build the same op "
+                                   f"objects in the same order; {REBUILD}")
             self._group_ctrl = g.group_ctrl_ptr  # raises a clear DistError when the group has no P2P
             self._epoch_ptr = g.ctrl.ptr + CTRL_EPOCH
             self._meta = self.symmetric(META_BYTES, "meta")
@@ -388,39 +400,53 @@ class _PrivateComm:
 _private: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _bounded(req, timeout_s: float, what: str) -> None:
+REBUILD = "close the group and make a new one (rawflux.finalize(), then rawflux.init()) before the next call"
+
+
+def _bounded(group, req, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not req.Test():
         if time.monotonic() > deadline:
             _abandoned.append(req)  # a collective cannot be cancelled; keep it alive
+            _broken[group] = what  # a later agreement would meet this one on the peers
             raise CallMismatch(
-                f"{what}: not every rank joined within {timeout_s:.1f} s. Every rank must make the same "
-                "calls with the same shapes (a call that needs larger buffers on one rank only cannot "
-                "proceed); the group must be rebuilt"
+                f"{what}: not every rank joined within {timeout_s:.1f} s: a rank raised on a bad argument, called "
+                "with other shapes (a call that needs larger buffers on one rank only cannot proceed) or stopped "
+                f"calling. Every rank must make the same calls with the same shapes; {REBUILD}"
             )
         time.sleep(0.0005)
 
 
 _abandoned: list = []
+_broken: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -> list:
-    """allgather of a small picklable value over a private duplicate of the group's communicator,
-    giving up with CallMismatch after ``timeout_s`` (default: the group's wait timeout)."""
+    """allgather of a small picklable value over the group's agreement communicator (a Group's
+    agree_comm; else a private duplicate of group.comm), giving up with CallMismatch after
+    ``timeout_s`` (default: the group's wait timeout). After one gave up, every later one on the
+    group raises at once: its request would meet the abandoned one on the peers."""
     timeout_s = float(group.timeout_s if timeout_s is None else timeout_s)
-    priv = _private.get(group)
-    if priv is None:
-        priv = _PrivateComm()
-        comm, req = group.comm.Idup()
-        _bounded(req, timeout_s, f"{what} (communicator setup)")
-        priv.comm = comm
-        _private[group] = priv
-    comm = priv.comm
+    if getattr(group, "closed", False):
+        raise DistError(f"{what}: the group is closed (rawflux.finalize() or Group.close() ran); call rawflux.init() again")
+    failed = _broken.get(group)
+    if failed is not None:
+        raise CallMismatch(f"{what}: an earlier agreement on this group ({failed}) timed out; {REBUILD}")
+    comm = getattr(group, "agree_comm", None)
+    if comm is None:
+        priv = _private.get(group)
+        if priv is None:
+            priv = _PrivateComm()
+            dup, req = group.comm.Idup()
+            _bounded(group, req, timeout_s, f"{what} (communicator setup)")
+            priv.comm = dup
+            _private[group] = priv
+        comm = priv.comm
     # Fixed-size exchange so a non-blocking allgather works with buffers: pickle is not needed.
     vals = np.asarray(value, dtype=np.int64).reshape(-1)
     out = np.zeros((comm.Get_size(), vals.size), dtype=np.int64)
     req = comm.Iallgather(vals, out)
-    _bounded(req, timeout_s, what)
+    _bounded(group, req, timeout_s, what)
     return [tuple(int(x) for x in row) for row in out]
 
 

@@ -38,11 +38,13 @@ VIEW of this rank's symmetric buffer (no copy), valid until the next call of the
 ``gathered_out=`` the gathered A is copied there (after the GEMM, on the call's stream). At world 1
 the gathered A is a_shard itself.
 
-Errors: every bad argument raises before any launch. A rank that calls with another shape, another
-op object, or not at all makes the others fail within RAWFLUX_WAIT_TIMEOUT_S (device-side bounded
-waits and a device-side comparison of the call records); the error (CollectiveTimeout or its
-subclass CallMismatch, naming the ranks and the field) is raised at the next call's start or by
-``op.synchronize()`` / ``Group.synchronize()``.
+Errors: every bad argument raises before any CUDA call, launch or collective step (the functional
+form checks before it builds or grows an op: check_call). A rank that calls with another shape,
+another op object, or not at all makes the others fail within RAWFLUX_WAIT_TIMEOUT_S (device-side
+bounded waits and a device-side comparison of the call records; the functional form's bounded
+agreement when it grows); the error (CollectiveTimeout or its subclass CallMismatch, naming the
+ranks and the field) is raised at the next call's start or by ``op.synchronize()`` /
+``Group.synchronize()``.
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ from dataclasses import dataclass, replace
 from .. import engine, env, tune
 from ..dist.layout import MAX_WORLD, OP_AG_GEMM
 from ..jit import register
-from ..runtime import DType, as_tensor, check_matrix, check_out, prepare_output, resolve_stream, wrap_output
+from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream,
+                       wrap_output)
 from ..tune import GemmConfig
 from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group
@@ -230,6 +233,13 @@ def _check_copy_path(group, copy: str) -> None:
         )
 
 
+def _out_dtype(dt: DType, out_dtype) -> DType:
+    od = dt if out_dtype is None else DType.from_any(out_dtype)
+    if od not in (dt, DType.F32):
+        raise TypeError(f"out_dtype {od} is not supported for {dt} inputs: use {dt} or f32")
+    return od
+
+
 def _check_nk(n: int, k: int) -> None:
     if k < 8 or k % 8:
         raise ValueError(f"k = {k} must be a positive multiple of 8 (16-byte rows for the TMA loads and the copies)")
@@ -250,6 +260,62 @@ def _cupy_matrix(ptr: int, rows: int, cols: int, dt: DType, owner, device: int):
     except (TypeError, ValueError):  # a CuPy that cannot hold bf16: raw storage of the same size
         np_dt = {1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize]
     return cupy.ndarray((rows, cols), dtype=np_dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+@dataclass
+class Call:
+    """One call's arguments, every one checked (check_call); stream: the launch stream."""
+
+    ta: Tensor
+    tb: Tensor
+    bias: object  # the caller's, for the world-1 path (rawflux.gemm)
+    bias_ptr: int
+    bias_kind: int
+    out: object  # the caller's out= (None: a new output)
+    tout: Tensor | None
+    gathered_out: object
+    tg: Tensor | None
+    stream: int
+    config: GemmConfig | None
+
+
+def check_call(a_shard, b, *, n: int, k: int, dtype: DType, out_dtype: DType, b_layout: str, device: int, world: int,
+               max_m: int | None = None, bias=None, out=None, gathered_out=None, stream=None, config=None) -> Call:
+    """Every check of one call (shared by the op object and the functional form, which runs it
+    before building or growing an op: a collective step). No CUDA call for CuPy and torch inputs
+    until the checks pass; then the launch stream is resolved."""
+    dt = dtype
+    s = intake_stream(stream, (a_shard, b, bias, out, gathered_out))
+    ta = check_matrix(as_tensor(a_shard, "a_shard", stream=s, accept=DTYPES), "a_shard", dtypes=(dt,), device=device,
+                      shape=(None, k), ld_ok=True)
+    m_loc = ta.shape[0]
+    if m_loc < 1:
+        raise ValueError(f"a_shard has no rows (shape {tuple(ta.shape)}): every rank needs m/W >= 1 rows")
+    m = m_loc * world
+    if max_m is not None and m > max_m:
+        raise ValueError(
+            f"a_shard has {m_loc} rows, so m = {m_loc} x {world} ranks = {m}, above this op's max_m = {max_m}; "
+            "build the op with a larger max_m (the functional rawflux.ag_gemm grows its buffers itself)"
+        )
+    bshape = (n, k) if b_layout == "nk" else (k, n)
+    tb = check_matrix(as_tensor(b, "b", stream=s, accept=DTYPES), "b", dtypes=(dt,), device=device, shape=bshape, ld_ok=True)
+    tbias, bias_ptr, bias_kind = engine.bias_args(bias, n, dt, device, s, like="a_shard")
+    inputs = {"a_shard": ta, "b": tb} | ({"bias": tbias} if tbias is not None else {})
+    tg = None
+    if gathered_out is not None:
+        tg = check_out(gathered_out, "gathered_out", shape=(m, k), dtype=dt, device=device, inputs=inputs, stream=s)
+    tout = None
+    if out is not None:
+        tout = check_out(out, "out", shape=(m, n), dtype=out_dtype, device=device, stream=s,
+                         inputs=inputs | ({"gathered_out": tg} if tg is not None else {}))
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
+    if config is not None and config.tile not in tune.TILES:
+        raise ValueError(f"config tile {config.tile.tag()} is not one ag_gemm compiles (tiles: "
+                         f"{', '.join(t.tag() for t in tune.TILES)})")
+    if s is None:
+        s = resolve_stream(None, [t for t in (ta, tb, tbias, tout, tg) if t is not None])
+    return Call(ta, tb, bias, bias_ptr, bias_kind, out, tout, gathered_out, tg, s, config)
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,9 +347,7 @@ class AGGemm(CollectiveOp):
         dt = DType.from_any(dtype)
         if dt not in DTYPES:
             raise TypeError(f"ag_gemm dtype must be bf16 or f16, got {dt}")
-        od = dt if out_dtype is None else DType.from_any(out_dtype)
-        if od not in (dt, DType.F32):
-            raise TypeError(f"out_dtype {od} is not supported for {dt} inputs: use {dt} or f32")
+        od = _out_dtype(dt, out_dtype)
         n, k, max_m = int(n), int(k), int(max_m)
         _check_nk(n, k)
         if int(ce_streams) < 1:
@@ -366,37 +430,23 @@ class AGGemm(CollectiveOp):
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,
                  config: GemmConfig | None = None):
-        s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
-        dev, world, dt = self.device_id, self.world, self.dtype
-        ta = check_matrix(as_tensor(a_shard, "a_shard", stream=s), "a_shard", dtypes=(dt,), device=dev, shape=(None, self.k),
-                          ld_ok=True)
-        m_loc = ta.shape[0]
-        if m_loc < 1:
-            raise ValueError(f"a_shard has no rows (shape {tuple(ta.shape)}): every rank needs m/W >= 1 rows")
+        c = check_call(a_shard, b, n=self.n, k=self.k, dtype=self.dtype, out_dtype=self.out_dtype, b_layout=self.b_layout,
+                       device=self.device_id, world=self.world, max_m=self.max_m, bias=bias, out=out, gathered_out=gathered_out,
+                       stream=stream, config=config)
+        return self._call(c, return_gathered)
+
+    def _call(self, c: Call, return_gathered: bool):
+        """A call whose every argument check_call passed."""
+        ta, tb, tg, s, config, dev, dt = c.ta, c.tb, c.tg, c.stream, c.config, self.device_id, self.dtype
+        m_loc, world = ta.shape[0], self.world
         m = m_loc * world
-        if m > self.max_m:
-            raise ValueError(
-                f"a_shard has {m_loc} rows, so m = {m_loc} x {world} ranks = {m}, above this op's max_m = {self.max_m}; "
-                "build the op with a larger max_m (the functional rawflux.ag_gemm grows its buffers itself)"
-            )
-        bshape = (self.n, self.k) if self.b_layout == "nk" else (self.k, self.n)
-        tb = check_matrix(as_tensor(b, "b", stream=s), "b", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
-        tbias, bias_ptr, bias_kind = engine.bias_args(bias, self.n, dt, dev, s, like="a_shard")
-        inputs = {"a_shard": ta, "b": tb} | ({"bias": tbias} if tbias is not None else {})
-        tg = None
-        if gathered_out is not None:
-            tg = check_out(gathered_out, "gathered_out", shape=(m, self.k), dtype=dt, device=dev, inputs=inputs, stream=s)
-        if config is not None and not isinstance(config, GemmConfig):
-            raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
-        if config is not None and config.tile not in tune.TILES:
-            raise ValueError(f"config tile {config.tile.tag()} is not one ag_gemm compiles (tiles: "
-                             f"{', '.join(t.tag() for t in tune.TILES)})")
-
         if world == 1:
-            return self._call_local(ta, tb, bias, out, tg, gathered_out, return_gathered, s, config)
+            return self._call_local(ta, tb, c.bias, c.out, tg, c.gathered_out, return_gathered, s, config)
 
-        tc, out_obj = prepare_output(out, "out", (m, self.n), self.out_dtype, ta, stream=s,
-                                     inputs=inputs | ({"gathered_out": tg} if tg is not None else {}))
+        if c.tout is not None:
+            tc, out_obj = c.tout, c.tout.obj
+        else:
+            tc, out_obj = new_output((m, self.n), self.out_dtype, ta, stream=s)
         fields = (m_loc, self.k, DTYPE_CODE[dt], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
         if config is None:
             cfg = self.config(m)
@@ -405,17 +455,17 @@ class AGGemm(CollectiveOp):
             cfg = replace(config, decomp=tune.DP, ctas=ctas)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
-            self._run(s, ta, tb, tc, m_loc, cfg, bias_ptr, bias_kind, fields)
+            self._run(s, ta, tb, tc, m_loc, cfg, c.bias_ptr, c.bias_kind, fields)
             if tg is not None:
                 from cupy.cuda import runtime
 
                 runtime.memcpyAsync(tg.ptr, self._gath.ptr, m * self.row_bytes, runtime.memcpyDefault, s)
         self.last_config = cfg
-        result = out_obj if out is not None else wrap_output(ta, out_obj, stream=s)
+        result = out_obj if c.tout is not None else wrap_output(ta, out_obj, stream=s)
         if not return_gathered:
             return result
-        if gathered_out is not None:
-            return result, gathered_out
+        if c.gathered_out is not None:
+            return result, c.gathered_out
         view = _cupy_matrix(self._gath.ptr, m, self.k, dt, self, dev)
         return result, wrap_output(ta, view, stream=s)
 
@@ -566,9 +616,11 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     copy = default_copy(g, copy)
     _check_options(direction, copy, b_layout)
     _check_copy_path(g, copy)
-    s = resolve_stream(stream, [x for x in (a_shard, b, bias, out, gathered_out) if x is not None])
-    ta = as_tensor(a_shard, "a_shard", stream=s)
-    tb = as_tensor(b, "b", stream=s)
+    # Every argument is checked before the op is built or grown (collective): a rank with a bad
+    # argument raises here, its peers at the bounded agreement instead of hanging.
+    s = intake_stream(stream, (a_shard, b, bias, out, gathered_out))
+    ta = as_tensor(a_shard, "a_shard", stream=s, accept=DTYPES)
+    tb = as_tensor(b, "b", stream=s, accept=DTYPES)
     if ta.ndim != 2 or tb.ndim != 2:
         raise ValueError(f"a_shard and b must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
     if ta.dtype not in DTYPES:
@@ -579,10 +631,11 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     if kb != k:
         raise ValueError(f"a_shard is (m/W, k) = {tuple(ta.shape)} but b ({b_layout!r} layout) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
     _check_nk(n, k)
-    if out_dtype is None and out is not None:
-        out_dtype = as_tensor(out, "out", stream=s).dtype
-    od = ta.dtype if out_dtype is None else DType.from_any(out_dtype)
+    out = None if out is None else as_tensor(out, "out", stream=s)  # the caller's object stays out.obj
+    od = _out_dtype(ta.dtype, out.dtype if out_dtype is None and out is not None else out_dtype)
+    c = check_call(ta, tb, n=n, k=k, dtype=ta.dtype, out_dtype=od, b_layout=b_layout, device=g.device_id, world=g.world,
+                   bias=bias, out=out, gathered_out=gathered_out, stream=s if s is not None else stream)
     m = ta.shape[0] * g.world
     key = (n, k, ta.dtype, b_layout, direction, copy, od)
-    op = _cache.get(g, key, max(m, g.world), stream=s, round_to=64 * g.world)
-    return op(ta, tb, bias=bias, out=out, gathered_out=gathered_out, return_gathered=return_gathered, stream=s)
+    op = _cache.get(g, key, max(m, g.world), stream=c.stream, round_to=64 * g.world)
+    return op._call(c, return_gathered)

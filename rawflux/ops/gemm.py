@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 from .. import engine, tune
 from ..engine import GemmPlan
-from ..runtime import DType, as_tensor, check_matrix, prepare_output, resolve_stream, wrap_output
+from ..runtime import DType, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig
 
 __all__ = ["gemm"]
+
+DTYPES = (DType.BF16, DType.F16)
 
 engine.register_variants(sched=engine.PLAIN_SCHED, epilogue=engine.plain_epilogue)
 engine.register_variants(sched=engine.PLAIN_SCHED, epilogue=engine.plain_epilogue, tiles=tune.KSPLIT_TILES)  # k-split clusters: plain GEMM only
@@ -172,11 +174,14 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
     """The validated path: every check, then the launch. Returns (result, fast-path entry)."""
     if b_layout not in ("nk", "kn"):
         raise ValueError(f"b_layout must be 'nk' (b is (n, k)) or 'kn' (b is (k, n)), not {b_layout!r}")
-    s = resolve_stream(stream, (a, b))
+    # Every check before the first CUDA call (CuPy and torch inputs are read without one); the
+    # stream is asked for after them, unless reading an input needs it.
+    s = intake_stream(stream, (a, b, bias, out))
     # Pitch alignment is checked below, after the shape checks, so a bad k or n gets its own message.
-    ta = check_matrix(as_tensor(a, "a", stream=s), "a", dtypes=(DType.BF16, DType.F16), device=None, ld_ok=True, pitch_align=1)
+    ta = check_matrix(as_tensor(a, "a", stream=s, accept=DTYPES), "a", dtypes=DTYPES, device=None, ld_ok=True, pitch_align=1)
     dev = ta.device
-    tb = check_matrix(as_tensor(b, "b", stream=s), "b", dtypes=(ta.dtype,), device=dev, ld_ok=True, pitch_align=1)
+    tb = check_matrix(as_tensor(b, "b", stream=s, accept=(ta.dtype,)), "b", dtypes=(ta.dtype,), device=dev, ld_ok=True,
+                      pitch_align=1)
     m, k = ta.shape
     if b_layout == "nk":
         n, kb = tb.shape
@@ -194,20 +199,24 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
         if t.shape[0] > 1 and t.strides[0] % 8:
             raise ValueError(f"{name}'s row pitch {t.strides[0]} elements is not a multiple of 8 (rows must start 16-byte aligned)")
     if out is not None:
-        out = as_tensor(out, "out", stream=s)  # once: prepare_output takes the Tensor as it is
+        out = as_tensor(out, "out", stream=s)  # once: check_out takes the Tensor as it is
     od = (out.dtype if out is not None else ta.dtype) if out_dtype is None else DType.from_any(out_dtype)
     if od not in engine.out_dtypes_for(ta.dtype):
         raise TypeError(f"out dtype {od} is not supported for {ta.dtype} inputs: use {ta.dtype} or f32")
     tbias, bias_ptr, bias_kind = engine.bias_args(bias, n, ta.dtype, dev, s, like="a", device_owner="a")
     inputs = {"a": ta, "b": tb} if tbias is None else {"a": ta, "b": tb, "bias": tbias}
-    tc, _ = prepare_output(out, "out", (m, n), od, ta, stream=s, inputs=inputs)
-    if m == 0:
-        return wrap_output(ta, tc, stream=s), None
+    if out is not None:
+        out = check_out(out, "out", shape=(m, n), dtype=od, device=dev, inputs=inputs, device_owner="a", stream=s)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a rawflux.tune.GemmConfig, got {type(config).__name__}")
     if config is not None and ((config.tile not in tune.TILES and config.tile not in tune.KSPLIT_TILES)
                                or not config.tile.supports(b_layout)):
         raise ValueError(f"config tile {config.tile.tag()} is not a compiled variant for layout {b_layout!r}")
+    if s is None:
+        s = resolve_stream(None, [t for t in (ta, tb, tbias, out) if t is not None])
+    tc = out if out is not None else new_output((m, n), od, ta, stream=s)[0]
+    if m == 0:
+        return wrap_output(ta, tc, stream=s), None
     engine.check_arch(dev)
     lda, ldb = ta.strides[0] if m > 1 else k, tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
     ldc = tc.strides[0] if m > 1 else n

@@ -38,7 +38,7 @@ from .. import engine, tune
 from ..dist.layout import OP_GEMM_RS
 from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
-from ..runtime import DType, as_tensor, check_matrix, prepare_output, resolve_stream, wrap_output
+from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
 from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group
@@ -198,6 +198,38 @@ def check_m(m: int, max_m: int, world: int) -> int:
             f"m must divide evenly (pad m to {_cdiv(m, world) * world})"
         )
     return m // world
+
+
+@dataclass
+class Call:
+    """One call's arguments, every one checked (check_call); stream: the launch stream."""
+
+    ta: Tensor
+    tb: Tensor
+    bias_ptr: int
+    bias_kind: int
+    tout: Tensor | None  # the caller's out= (None: a new output)
+    stream: int
+
+
+def check_call(a, b_shard, *, n: int, k: int, dtype: DType, b_layout: str, device: int, world: int, max_m: int | None = None,
+               bias=None, out=None, stream=None) -> Call:
+    """Every check of one call (shared by the op object and the functional form, which runs it
+    before building or growing an op: a collective step). No CUDA call for CuPy and torch inputs
+    until the checks pass; then the launch stream is resolved."""
+    s = intake_stream(stream, (a, b_shard, bias, out))
+    ta = check_matrix(as_tensor(a, "a", stream=s, accept=DTYPES), "a", dtypes=(dtype,), device=device, shape=(None, k), ld_ok=True)
+    bshape = (n, k) if b_layout == "nk" else (k, n)
+    tb = check_matrix(as_tensor(b_shard, "b_shard", stream=s, accept=DTYPES), "b_shard", dtypes=(dtype,), device=device,
+                      shape=bshape, ld_ok=True)
+    m = ta.shape[0]
+    m_loc = check_m(m, max(m, 1) if max_m is None else max_m, world)
+    tbias, bias_ptr, bias_kind = engine.bias_args(bias, n, dtype, device, s, op="gemm_rs")
+    inputs = {"a": ta, "b_shard": tb} | ({"bias": tbias} if tbias is not None else {})
+    tout = None if out is None else check_out(out, "out", shape=(m_loc, n), dtype=dtype, device=device, inputs=inputs, stream=s)
+    if s is None:
+        s = resolve_stream(None, [t for t in (ta, tb, tbias, tout) if t is not None])
+    return Call(ta, tb, bias_ptr, bias_kind, tout, s)
 
 
 @dataclass(frozen=True)
@@ -409,29 +441,28 @@ class GemmRS(CollectiveOp):
     def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
         """out (m/W, n) = this rank's rows of sum_q a_q @ b_q^T (+ bias). Every check runs
         before any launch; a previous call's device-side failure raises here."""
-        n, k, dt, world = self.n, self.k, self.dtype, self.world
-        s = resolve_stream(stream, [x for x in (a, b_shard, bias, out) if x is not None])
-        dev = self.device_id
-        ta = check_matrix(as_tensor(a, "a", stream=s), "a", dtypes=(dt,), device=dev, shape=(None, k), ld_ok=True)
-        bshape = (n, k) if self.b_layout == "nk" else (k, n)
-        tb = check_matrix(as_tensor(b_shard, "b_shard", stream=s), "b_shard", dtypes=(dt,), device=dev, shape=bshape, ld_ok=True)
+        c = check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
+                       world=self.world, max_m=self.max_m, bias=bias, out=out, stream=stream)
+        return self._call(c)
+
+    def _call(self, c: Call):
+        """A call whose every argument check_call passed."""
+        ta, tb, s, n, k, dt, world = c.ta, c.tb, c.stream, self.n, self.k, self.dtype, self.world
         m = ta.shape[0]
-        m_loc = check_m(m, self.max_m, world)
-        tbias, bias_ptr, bias_kind = engine.bias_args(bias, n, dt, dev, s, op="gemm_rs")
-        inputs = {"a": ta, "b_shard": tb} | ({"bias": tbias} if tbias is not None else {})
-        tc, _ = prepare_output(out, "out", (m_loc, n), dt, ta, stream=s, inputs=inputs)
+        m_loc = m // world
+        tc = c.tout if c.tout is not None else new_output((m_loc, n), dt, ta, stream=s)[0]
         lda = ta.strides[0] if m > 1 else k
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         ldc = tc.strides[0] if m_loc > 1 else n
         if world == 1:
             self.begin(s, (m,))
-            self._local_gemm(ta, tb, tc, bias_ptr, bias_kind, lda, ldb, ldc, s)
+            self._local_gemm(ta, tb, tc, c.bias_ptr, c.bias_kind, lda, ldb, ldc, s)
             return wrap_output(ta, tc, stream=s)
         p, gplan, rest = self._plan_entry(m)
         self.begin(s, p.fields)
         out_map = tensor_map(tc.ptr, dt, m_loc, n, ldc, 64, 64)
-        if bias_kind:
-            rest = (rest[:_BIAS_AT] + struct.pack("<Q", bias_ptr) + rest[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", bias_kind)
+        if c.bias_kind:
+            rest = (rest[:_BIAS_AT] + struct.pack("<Q", c.bias_ptr) + rest[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind)
                     + rest[_BIAS_KIND_AT + 4:])
         epi = out_map + rest
         gplan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
@@ -483,9 +514,11 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     if partials is not None and partials not in PARTIALS:
         raise ValueError(f"gemm_rs: partials={partials!r}: use the output's type (default) or 'fp32'")
     group = resolve_group(group)
-    s = resolve_stream(stream, [x for x in (a, b_shard, bias, out) if x is not None])
-    ta = as_tensor(a, "a", stream=s)
-    tb = as_tensor(b_shard, "b_shard", stream=s)
+    # Every argument is checked before the op is built or grown (collective): a rank with a bad
+    # argument raises here, its peers at the bounded agreement instead of hanging.
+    s = intake_stream(stream, (a, b_shard, bias, out))
+    ta = as_tensor(a, "a", stream=s, accept=DTYPES)
+    tb = as_tensor(b_shard, "b_shard", stream=s, accept=DTYPES)
     if ta.ndim != 2 or tb.ndim != 2:
         raise ValueError(f"gemm_rs: a and b_shard must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
     if ta.dtype not in DTYPES:
@@ -496,9 +529,11 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     if kb != k:
         raise ValueError(f"gemm_rs: a is (m, k) = {tuple(ta.shape)} but b_shard ({b_layout!r}) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
     check_m(m, max(m, 1), group.world)
-    key = (n, k, ta.dtype, b_layout, partials or ta.dtype.tag)
-    op = _ops.get(group, key, m, stream=s, round_to=group.world)
-    return op(ta, tb, bias=bias, out=out, stream=s)
+    dt, partials = check_op_args(group.world, m, n, k, ta.dtype, b_layout, partials)  # what building the op would refuse
+    c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, world=group.world, bias=bias, out=out,
+                   stream=s if s is not None else stream)
+    op = _ops.get(group, (n, k, dt, b_layout, partials), m, stream=c.stream, round_to=group.world)
+    return op._call(c)
 
 
 def clear_cache() -> None:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .device import require_cuda
 from .dtypes import DL_OPAQUE, DL_UINT, DType, _BY_NAME, np_dtype_to_dtype, supported, typestr_to_dtype
-from .streams import stream_wait, use_stream
+from .streams import resolve_stream, stream_handle, stream_wait, use_stream
 
 # DLPack DLDeviceType values
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
@@ -119,11 +120,27 @@ def framework_of(x) -> str:
     return "unknown"
 
 
-def as_tensor(x, name: str, *, dtype=None, stream: int | None = None) -> Tensor:
+def as_tensor(x, name: str, *, dtype=None, stream: int | None = None, accept=None) -> Tensor:
     """Describe ``x`` without copying it. ``dtype`` reinterprets raw storage (uint8/uint16/void
     of the same itemsize, e.g. fp8 bytes in a torch.uint8 tensor, or a CAI '|V1') and otherwise
     must agree with the detected dtype. ``stream`` (the op's stream handle) is handed to DLPack
-    producers and CAI producer streams are joined to it, so the data is ready on it."""
+    producers and CAI producer streams are joined to it, so the data is ready on it. ``accept``:
+    the op's dtypes, named in the error for a dtype rawflux cannot read at all."""
+    try:
+        return _as_tensor(x, name, dtype, stream)
+    except _Unsupported as e:
+        if accept is None:
+            raise
+        raise TypeError(f"{name} has dtype {e.what} but must be {' or '.join(d.tag for d in _dtype_set(accept))}") from None
+
+
+class _Unsupported(TypeError):
+    def __init__(self, message: str, what: str):
+        super().__init__(message)
+        self.what = what
+
+
+def _as_tensor(x, name, dtype, stream) -> Tensor:
     if isinstance(x, Tensor):
         if dtype is not None and DType.from_any(dtype) != x.dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but dtype={DType.from_any(dtype)} was requested")
@@ -149,12 +166,41 @@ def as_tensor(x, name: str, *, dtype=None, stream: int | None = None) -> Tensor:
     )
 
 
+def intake_stream(stream, arrays) -> int | None:
+    """The op's stream when reading one of ``arrays`` needs it (a DLPack producer orders its work
+    before the stream it is handed; a CAI producer's stream is joined to it), else None: CuPy
+    arrays and torch tensors are read and checked first, and the op asks for its stream after
+    (resolve_stream), so a bad argument is told before any CUDA call."""
+    if stream is not None:
+        return stream_handle(stream)
+    if any(_read_on_stream(x) for x in arrays if x is not None):
+        return resolve_stream(None, [x for x in arrays if x is not None])
+    return None
+
+
+def _read_on_stream(x) -> bool:
+    if isinstance(x, Tensor):
+        return False  # read already
+    fw = framework_of(x)
+    if fw == "cai":
+        return True
+    if fw not in ("jax", "dlpack"):
+        return False
+    where = getattr(x, "__dlpack_device__", None)
+    if where is None:
+        return True
+    try:
+        return int(where()[0]) in (KDL_CUDA, KDL_CUDA_MANAGED)  # host memory: refused at intake, no stream needed
+    except Exception:  # noqa: BLE001 - let intake say what is wrong with it
+        return False
+
+
 def _settle_dtype(name: str, found: DType | None, raw_itemsize: int | None, what: str, override) -> DType:
     """The DType for intake: the detected one, or ``override`` over raw bytes of its size."""
     if override is None:
         if found is None:
             hint = " (raw bytes: pass dtype= to say what they hold)" if raw_itemsize else ""
-            raise TypeError(f"{name} has unsupported dtype {what}{hint}: rawflux handles {supported()}")
+            raise _Unsupported(f"{name} has unsupported dtype {what}{hint}: rawflux handles {supported()}", what)
         return found
     want = DType.from_any(override)
     if found is not None:
@@ -344,6 +390,7 @@ def _tensor_from_view(v: DLPackView, name, override, framework, obj, keep) -> Te
 
 def pointer_device(ptr: int) -> int:
     """CUDA device ordinal owning ``ptr``; ValueError for host memory. (Tests replace this.)"""
+    require_cuda()
     import cupy
 
     attrs = cupy.cuda.runtime.pointerGetAttributes(int(ptr))
@@ -509,6 +556,7 @@ def new_output(shape, dtype, like, *, stream=None) -> tuple[Tensor, object]:
         else:
             obj = torch.empty(shape, dtype=tdt, device=dev)
         return _from_torch(obj, "out", None), obj
+    require_cuda()
     import cupy
 
     with use_stream(stream, like.device if like.device >= 0 else None):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+from .device import require_cuda
+
 
 def _is_torch(x) -> bool:
     return (type(x).__module__ or "").startswith("torch")
@@ -54,10 +56,11 @@ def resolve_stream(stream, tensors=()) -> int:
     stream on the first input's device (or the current device)."""
     if stream is not None:
         return stream_handle(stream)
+    require_cuda()
     first_dev = None
     for t in tensors:
         fw = getattr(t, "framework", None)  # a rawflux Tensor says; a raw array is judged by its type
-        is_torch = fw == "torch" if isinstance(fw, str) else _is_torch(t)
+        is_torch = fw == "torch" if isinstance(fw, str) else _is_torch(t) and getattr(getattr(t, "device", None), "type", "") == "cuda"
         dev = _device_of(t)
         if first_dev is None and dev is not None and dev >= 0:
             first_dev = dev

@@ -428,10 +428,25 @@ class _Status:
     failed = False
 
 
+class _AgreeComm:
+    """An agreement communicator on which every rank agrees with this one (bounded_allgather)."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def Get_size(self):
+        return self.world
+
+    def Iallgather(self, vals, out):
+        out[:] = vals
+        return FakeGroup(Test=lambda: True)
+
+
 class _Group:
     def __init__(self, rank, world, log):
         self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
         self.log, self._n = log, 0
+        self.agree_comm = _AgreeComm(world)
         self.group_ctrl_ptr = 0x5000_0000
         self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
         self.status = _Status()

@@ -21,8 +21,9 @@ Every check runs for each gather path where it applies (direction push|pull x co
                   every call checked (out vs rawflux.gemm on the gathered view; gathered vs shards)
   graph[...]      one call captured in a CUDA graph, replayed 100 times with fresh data copied
                   into the same input buffer, every replay checked
-  timing          fused vs rawflux.gemm on pre-gathered A (information); world 1: ag_gemm must
-                  take <= 1.02x rawflux.gemm at m >= 1024
+  timing          fused vs rawflux.gemm on pre-gathered A; world 1: ag_gemm must take <= 1.02x
+                  rawflux.gemm at m >= 1024; world > 1: times are information, but a stall (a
+                  block of 20 calls over STALL_S = 10 s), a timeout or an error fails
   mismatch_m[...] a fresh group (short timeout); the last rank calls with another m: every rank
                   must raise CallMismatch naming m_local within seconds
   skip[...]       a fresh group; the last rank skips the call: the others must raise
@@ -138,7 +139,7 @@ def chunks_of(rows, m_loc):
 
 
 class Ctx:
-    def __init__(self, comm, group, seed: int, quick: bool):
+    def __init__(self, comm, group, seed: int, quick: bool, stall_s: float = 10.0):
         import cupy
 
         self.comm, self.group = comm, group
@@ -148,6 +149,7 @@ class Ctx:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.seed = seed
         self.quick = quick
+        self.stall_s = stall_s
         self.ops = {}
         # 'ce' is refused where ranks share a GPU under MPS (ag_gemm._check_copy_path)
         self.modes = tuple(md for md in MODES if not (md[1] == "ce" and group.shares_gpu_under_mps))
@@ -379,12 +381,12 @@ def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512)
     return not bad, detail or f"{replays} replays with fresh data, m/W={m_loc}, all bitwise right"
 
 
-def _paired_ms(stream, fa, fb, iters=20, reps=10, host_us_per_call=150.0):
+def _paired_ms(stream, fa, fb, iters=20, reps=10, host_us_per_call=150.0, slowest: list | None = None):
     """(median ms of fa, median ms of fb, median of the per-rep ratio fa / fb). Each rep holds the
     stream with the benchmark's delay kernel while the host queues a block of one and a block of
     the other back to back (device time, not host launch cost), and alternates which goes first
     (no position bias); clock and temperature drift (several percent over a run on this GPU)
-    cancels in each rep's ratio."""
+    cancels in each rep's ratio. ``slowest`` (a list) gets the slowest block of fa, in seconds."""
     import numpy as np
 
     from rawflux.jit import get_kernel
@@ -414,6 +416,8 @@ def _paired_ms(stream, fa, fb, iters=20, reps=10, host_us_per_call=150.0):
         ta.append(a)
         tb.append(b)
         ratios.append(a / b)
+    if slowest is not None:
+        slowest.append(max(ta) * iters / 1e3)
     return statistics.median(ta), statistics.median(tb), statistics.median(ratios)
 
 
@@ -437,10 +441,14 @@ def check_ce_refused(ctx: Ctx):
     return all("copy='ce' is not supported" in m for m in msgs), msgs[0][:90] + "..."
 
 
+STALL_S = 10.0  # a timed block of calls slower than this stalled (--stall-s): the default RAWFLUX_WAIT_TIMEOUT_S, a job's bound
+
+
 def check_timing(ctx: Ctx):
     """World 1: ag_gemm <= 1.02x rawflux.gemm at m >= 1024 on the GEMM issue's five (n, k) shapes
     (the bar). World > 1: the fused time next to the GEMM alone on the gathered A (exposed
-    communication), for information only (an emulated node time-slices one GPU)."""
+    communication), for information (an emulated node time-slices one GPU); there a block of
+    fused calls slower than ctx.stall_s, a timeout or an error fails it, the ratio never does."""
     notes, problems = [], []
     s = ctx.stream
     if ctx.world == 1:
@@ -464,19 +472,25 @@ def check_timing(ctx: Ctx):
             # once more and the lower median ratio kept: a real regression stays over it, a clock
             # excursion during one pass does not (2026-11-29 s6: one pass read 1.046x for the
             # world-1 call, which is rawflux.gemm itself).
-            t_fused, t_gemm, ratio = _paired_ms(s, lambda: op(a, b, out=out, stream=s), lambda: ctx.gemm(full, b, "nk", None, cfg))
+            slow = []
+            t_fused, t_gemm, ratio = _paired_ms(s, lambda: op(a, b, out=out, stream=s), lambda: ctx.gemm(full, b, "nk", None, cfg),
+                                                slowest=slow)
             if ctx.world == 1 and ratio > 1.02:
                 again = _paired_ms(s, lambda: op(a, b, out=out, stream=s), lambda: ctx.gemm(full, b, "nk", None, cfg))
                 if again[2] < ratio:
                     t_fused, t_gemm, ratio = again
-            ctx.sync()
+            ctx.sync()  # a device-side timeout raises here (an error fails the check)
         t_fused = max(ctx.comm.allgather(t_fused))
         t_gemm = max(ctx.comm.allgather(t_gemm))
         ratio = max(ctx.comm.allgather(ratio))
+        block_s = max(ctx.comm.allgather(slow[0]))
         tflops = 2.0 * m * n * k / (t_fused * 1e-3) / 1e12
-        notes.append(f"push/{ctx.modes[0][1]} m={m} n={n} k={k}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}")
+        notes.append(f"push/{ctx.modes[0][1]} m={m} n={n} k={k}: fused {t_fused * 1e3:.1f} us ({tflops:.0f} TFLOP/s), gemm alone {t_gemm * 1e3:.1f} us, x{ratio:.3f}"
+                     + ("" if ctx.world == 1 else f", slowest block {block_s * 1e3:.1f} ms (times: information)"))
         if ctx.world == 1 and ratio > 1.02:
             problems.append(f"m={m} n={n} k={k}: ag_gemm {ratio:.3f}x rawflux.gemm > 1.02x")
+        if block_s > ctx.stall_s:
+            problems.append(f"STALL m={m} n={n} k={k}: a block of 20 fused calls took {block_s:.3g} s, over {ctx.stall_s:g} s")
     return not problems, "; ".join(problems + notes)
 
 
@@ -640,7 +654,7 @@ def worker(args) -> int:
 
     sub = comm.Dup()
     group = init(sub)
-    ctx = Ctx(comm, group, args.seed, args.quick)
+    ctx = Ctx(comm, group, args.seed, args.quick, args.stall_s)
     if comm.rank == 0:
         import cupy
 
@@ -669,7 +683,7 @@ def worker(args) -> int:
             sub.Free()
             sub = comm.Dup()
             group = init(sub)
-            ctx = Ctx(comm, group, ctx.seed + 1000, args.quick)
+            ctx = Ctx(comm, group, ctx.seed + 1000, args.quick, args.stall_s)
     for op in ctx.ops.values():
         op.close()
     group.close()
@@ -694,7 +708,8 @@ def driver(args) -> int:
     from _worlds import run_worlds
 
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
-    extra = ["--seed", str(args.seed), "--timeout", str(args.timeout)] + (["--quick"] if args.quick else []) \
+    extra = ["--seed", str(args.seed), "--timeout", str(args.timeout), "--stall-s", str(args.stall_s)] \
+        + (["--quick"] if args.quick else []) \
         + (["--only", args.only] if args.only else [])
     # the main group: a generous wait bound (MPS time-slicing, first compiles)
     got, failures = run_worlds(__file__, "ag_gemm", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
@@ -714,6 +729,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="200 random calls and 20 graph replays instead of 1000 / 100")
     ap.add_argument("--only", default=None, help="regex: run only the checks whose name matches (no failure checks)")
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--stall-s", type=float, default=STALL_S, help="a timed block of fused calls slower than this fails")
     ap.add_argument("--timeout", type=float, default=3.0, help="wait timeout (s) of the mismatch / skip checks' groups")
     ap.add_argument("--per-world-timeout", type=float, default=420.0)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

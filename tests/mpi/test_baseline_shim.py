@@ -187,6 +187,9 @@ def shim(monkeypatch):
     from rawflux.runtime import arrays
 
     monkeypatch.setattr(arrays, "use_stream", lambda stream, device=None: contextlib.nullcontext(stream))
+    from rawflux.runtime import device
+
+    monkeypatch.setattr(device, "_ok", True)  # the shim stands in for a working CUDA
     return baseline
 
 

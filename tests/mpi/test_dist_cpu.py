@@ -307,6 +307,32 @@ def test_forced_device_out_of_range_fails_everywhere(comm, monkeypatch):
         make(comm, backend=FakeBackend(n_devices=2))
 
 
+class NoCudaBackend(FakeBackend):
+    """A rank whose CUDA cannot be used (the real backend's problem(): no CuPy, driver or device)."""
+
+    def problem(self):
+        from rawflux.runtime import CudaUnavailable
+
+        return CudaUnavailable("no usable CUDA device or driver: rawflux needs an NVIDIA Hopper GPU (test)")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_cuda_on_one_rank_is_one_sentence_everywhere(comm):
+    from rawflux.runtime import CudaUnavailable
+
+    bad = comm.size - 1
+    be = NoCudaBackend() if comm.rank == bad else FakeBackend()
+    with pytest.raises(CudaUnavailable) as info:
+        init(comm, backend=be)
+    if comm.rank == bad:
+        assert str(info.value) == "no usable CUDA device or driver: rawflux needs an NVIDIA Hopper GPU (test)"
+    else:
+        assert str(info.value).startswith(f"rank(s) [{bad}] cannot use CUDA: no usable CUDA device or driver")
+    assert not any(op == "malloc" for op, *_ in be.log)  # nothing allocated: no rank is left in a collective
+    g, _ = make(comm)  # the processes can still make a group
+    assert g.world == comm.size
+
+
 @pytest.mark.mpi(min_size=2)
 def test_no_peer_access_is_reported(comm):
     g, _ = make(comm, backend=FakeBackend(n_devices=comm.size, peer_ok=False))
