@@ -7,7 +7,8 @@ Two kinds of JSON: benchmarks/gemm.py's grid ({"rows": [...]}: the newest by dat
 one) and rawflux.bench runs ({"schema": "rawflux.bench/1", ...}). Of the bench runs, each row of a
 table (op, world, emulated or not, shape, m) comes from the newest run that measured it; a file
 that supplies nothing is superseded and reported (the repo keeps only current results). The
-output depends on the JSON alone: no clock, no environment.
+layer op's rows (rawflux.bench --op layer), where a run has any, get a table per phase.
+The output depends on the JSON alone: no clock, no environment.
 """
 from __future__ import annotations
 
@@ -293,10 +294,63 @@ def barrier_section(cur, bench) -> list[str]:
             + _table(["impl", "W", "where", "us per barrier", "commit"], rows) + ["", "Runs:"] + _sources(names, bench) + [""])
 
 
+LAYER_PHASES = (("train", "Training step (forward + backward, sequence parallel)"), ("prefill", "Prefill (forward, sequence parallel)"),
+                ("decode", "Decode step (forward, no sequence parallelism)"))
+
+
+def _failed(bench) -> set:
+    """(file name, label, world, m, impl) of the rows a run's correctness guard refused (meta.failed)."""
+    return {(name, f["label"], f["world"], f["m"], f["impl"]) for name, meta, _ in bench for f in meta.get("failed", [])}
+
+
+def layer_section(cur, bench) -> list[str]:
+    """The layer op's steps: a small table per phase, real GPUs' rows first, then the emulated node's."""
+    failed = _failed(bench)
+    tables = {ph: [] for ph, _ in LAYER_PHASES}
+    names, emulated = [], set()
+    for (op, w, emu), table in sorted(cur.items(), key=lambda kv: (kv[0][2], kv[0][1])):
+        if op != "layer":
+            continue
+        if emu:
+            emulated.add(w)
+        for (_, m), (name, recs) in sorted(table.items(), key=_row_order):
+            names.append(name)
+            r0 = recs[0]
+            shape = r0["label"].rsplit(".", 1)[0] + ("" if r0["dtype"] == "bf16" else f" {r0['dtype']}")
+
+            def cell(impl, spec=".3f", value=_ms):
+                return "FAILED" if (name, r0["label"], w, m, impl) in failed else _f(value(recs, impl), spec)
+
+            tables.setdefault(r0.get("phase"), []).append(
+                [str(w), "emulated" if emu else "GPUs", shape, str(m), cell("rawflux"), cell("nonoverlap"), cell("torch_async_tp"),
+                 _f(_ms(recs, "gemm_only")), cell("rawflux", ".2f", _speed), cell("torch_async_tp", ".2f", _speed),
+                 cell("rawflux", ".3f", _exposed), _short_commit(r0["commit"])])
+    if not names:
+        return []
+    out = ["## Tensor-parallel layer steps", "",
+           "A Llama-shaped block's TP linear layers (attention replaced by an elementwise op) timed as model steps by",
+           "`rawflux.bench --op layer`. Device ms per step; speedup: non-overlapped / that row; GEMM only (cuBLAS): the",
+           "lower bound; exposed: rawflux - GEMM only; FAILED: did not match the non-overlapped step (not timed).", ""]
+    if emulated:
+        out += [f"**SINGLE-GPU EMULATION, NOT MULTI-GPU RESULTS** in the rows marked emulated (W = {', '.join(map(str, sorted(emulated)))}):",
+                "correctness-only timings, W ranks on one GPU with no link to hide.", ""]
+    head = ["W", "where", "shape", "m", "rawflux", "non-overlapped", "torch async-TP", "GEMM only", "speedup rawflux",
+            "speedup torch", "exposed", "commit"]
+    for phase, what in LAYER_PHASES:
+        if tables.get(phase):
+            out += [f"{what}:", ""] + _table(head, tables[phase]) + [""]
+    return out + ["Runs:"] + _sources(names, bench) + [""]
+
+
+def _exposed(rows, impl):
+    r = next((r for r in rows if r["impl"] == impl), None)
+    return r.get("exposed_ms") if r else None
+
+
 def emulated_section(cur, bench) -> list[str]:
     body, names, worlds = [], [], set()
     for (op, w, emu), table in sorted(cur.items()):
-        if not emu or op == "barrier":
+        if not emu or op in ("barrier", "layer"):
             continue
         worlds.add(w)
         for (label, m), (name, rows) in sorted(table.items(), key=_row_order):
@@ -357,9 +411,10 @@ def render(results: Path = RESULTS) -> str:
         out += gemm_section(data["gemm"])
     if data["tax"]:
         out += tax_section(data["tax"])
-    if any(not emu and op != "barrier" for op, _, emu in cur):
+    if any(not emu and op in ("ag_gemm", "gemm_rs") for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])
+    out += layer_section(cur, data["bench"])
     out += barrier_section(cur, data["bench"])
     out += emulated_section(cur, data["bench"])
     text = "\n".join(out).rstrip("\n") + "\n"

@@ -1,6 +1,7 @@
 """The impls the harness times: the non-overlapped baselines (NCCL and ipc collectives), the GEMM
 alone (rawflux.gemm, CuPy, torch), the communication alone (the same collectives), the barrier,
-the fused rawflux ops and PyTorch SymmetricMemory's async-TP ops.
+the fused rawflux ops and PyTorch SymmetricMemory's async-TP ops, and the layer op's model steps
+(their factories in rawflux/bench/layer.py).
 
 Each factory gets a ``timing.Ctx`` and returns ``run(i)`` (enqueue one execution on
 ``ctx.stream`` with input set i).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from . import layer
 from .registry import Unavailable, register
 
 
@@ -353,3 +355,12 @@ def _nccl_allreduce_4b(ctx):
 
 register("barrier", "group.barrier", "barrier", _group_barrier, inner=20)
 register("barrier", "nccl_allreduce_4B", "barrier", _nccl_allreduce_4b, inner=20)
+
+
+# --------------------------------------------------------------------------------------------
+# the layer op: a TP block's model steps (rawflux/bench/layer.py)
+
+register("layer", "nonoverlap", "nonoverlap", layer.nonoverlap_row)
+register("layer", "rawflux", "fused", layer.rawflux_row, gemm_ref="gemm_only")
+register("layer", "torch_async_tp", "fused", layer.async_tp_row, gemm_ref="gemm_only")
+register("layer", "gemm_only", "gemm", layer.gemm_only_row)

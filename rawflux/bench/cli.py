@@ -4,6 +4,7 @@ GPU; or the emulated node, several ranks on one GPU, flagged ``emulated`` in the
     rawflux-launch python -m rawflux.bench                       # paper shapes, all ops
     mpirun -np 8 python -m rawflux.bench --op ag_gemm --shapes llama70b --m 2048,8192
     mpirun -np 2 python -m rawflux.bench --quick --shapes "4096,8192,8192"
+    rawflux-launch -m rawflux.bench --op layer                    # model steps (rawflux/bench/layer.py)
 
 Rank 0 prints each row as it is measured, with the sweep's progress (a bar on a terminal, a
 count and an ETA on each line in a log; RAWFLUX_PROGRESS, --quiet), then the table, and writes
@@ -17,13 +18,15 @@ import sys
 from .. import env
 from ..dist import DistError
 from ..runtime import CudaUnavailable
+from .layer import DECODE_M, LAYER_PRESETS, PHASES, QUICK_DECODE_M, build_layer_problems, parse_phases
 from .problems import DEFAULT_M, PRESETS, QUICK_M, Problem, build_problems, parse_ints
-from .registry import Unavailable, impls
+from .registry import Failed, Unavailable, impls
 from .report import bus_gbps, derive, format_table, now_iso, tflops, write_json
 
-OP_CHOICES = ("ag_gemm", "gemm_rs", "gemm", "barrier", "all")
+OP_CHOICES = ("ag_gemm", "gemm_rs", "gemm", "barrier", "all", "layer")
 DEFAULT_ITERS, QUICK_ITERS = 50, 10
 DEFAULT_WARMUP, QUICK_WARMUP = 10, 3
+FAILED = "FAILED: "  # how a skip reason marks a row whose result was wrong (registry.Failed)
 MIN_ITERS_FOR_RECORDS = 30  # DESIGN: median of >= 30; fewer is allowed only with --quick
 SET_BUDGET_FRACTION = 0.3  # of a rank's share of GPU memory, for rotating input sets
 
@@ -31,11 +34,16 @@ SET_BUDGET_FRACTION = 0.3  # of a rank's share of GPU memory, for rotating input
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rawflux.bench", description="Time rawflux ops against their baselines (run under mpirun).")
     ap.add_argument("--op", choices=OP_CHOICES, default="all",
-                    help="ag_gemm / gemm_rs: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; all (default)")
-    ap.add_argument("--shapes", default="paper",
+                    help="ag_gemm / gemm_rs: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; "
+                         "all (default: those); layer: a TP block's training / prefill / decode steps (asked for alone)")
+    ap.add_argument("--shapes", default=None,
                     help=f"presets ({', '.join(PRESETS)}; several: 'paper,llama70b'; default paper) or shapes 'm,n,k' / 'n,k' separated by spaces or ';' "
-                         "(global sizes: ag_gemm splits n over ranks, gemm_rs splits k)")
+                         f"(global sizes: ag_gemm splits n over ranks, gemm_rs splits k); --op layer: {', '.join(LAYER_PRESETS)} "
+                         "(default llama70b) or 'hidden,ffn,heads,kv_heads,head_dim'")
     ap.add_argument("--m", default=None, help=f"comma-separated m values (default {','.join(map(str, DEFAULT_M))}; --quick: {','.join(map(str, QUICK_M))})")
+    ap.add_argument("--phase", default=",".join(PHASES), help=f"--op layer: comma-separated among {', '.join(PHASES)} (default all)")
+    ap.add_argument("--decode-m", default=None,
+                    help=f"--op layer: the decode phase's m values (default {','.join(map(str, DECODE_M))}; --quick: {','.join(map(str, QUICK_DECODE_M))})")
     ap.add_argument("--dtype", default="bf16", help="comma-separated: bf16, f16, f32 (default bf16)")
     ap.add_argument("--iters", type=int, default=None, help=f"timed iterations per row (default {DEFAULT_ITERS}; --quick: {QUICK_ITERS})")
     ap.add_argument("--warmup", type=int, default=None, help=f"warm-up iterations (default {DEFAULT_WARMUP}; --quick: {QUICK_WARMUP})")
@@ -57,11 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
+    args.shapes = args.shapes or ("llama70b" if args.op == "layer" else "paper")
     try:
         args.m_list = parse_ints(args.m, "--m") if args.m else list(QUICK_M if args.quick else DEFAULT_M)
+        args.decode_m_list = parse_ints(args.decode_m, "--decode-m") if args.decode_m else list(QUICK_DECODE_M if args.quick else DECODE_M)
+        args.phases = parse_phases(args.phase)
         args.dtypes = [_dtype_tag(d) for d in args.dtype.split(",") if d.strip()]
         args.impl_names = [x.strip() for x in args.impl.split(",") if x.strip()] if args.impl else None
-        if args.op not in ("barrier",):
+        if args.op == "layer":
+            build_layer_problems(args.shapes, args.m_list, args.decode_m_list, args.phases, args.dtypes, 1)  # validates --shapes
+        elif args.op != "barrier":
             build_problems(["ag_gemm"], args.shapes, args.m_list, args.dtypes, 1)  # validates --shapes
     except (ValueError, TypeError) as e:
         ap.error(str(e))
@@ -95,16 +108,19 @@ def plan(op: str) -> list[tuple[str, set | None]]:
         "gemm": [("ag_gemm", {"gemm"}), ("gemm_rs", {"gemm"})],
         "barrier": [("barrier", None)],
         "all": [("ag_gemm", None), ("gemm_rs", None), ("barrier", None)],
+        "layer": [("layer", None)],
     }[op]
 
 
-def problems_for(op: str, args, world: int) -> list[Problem]:
+def problems_for(op: str, args, world: int) -> list:
     if op == "barrier":
         return [Problem("barrier", 0, 0, 0, "-", world, "barrier")]
+    if op == "layer":
+        return build_layer_problems(args.shapes, args.m_list, args.decode_m_list, args.phases, args.dtypes, world)
     return build_problems([op], args.shapes, args.m_list, args.dtypes, world)
 
 
-def make_record(p: Problem, impl, stats: dict, info, args, nsets: int, date: str) -> dict:
+def make_record(p, impl, stats: dict, info, args, nsets: int, date: str) -> dict:
     from ..runtime import DType
 
     ms = stats["ms"]
@@ -118,6 +134,10 @@ def make_record(p: Problem, impl, stats: dict, info, args, nsets: int, date: str
         "emulated": info.emulated, "ranks_per_gpu": info.ranks_per_gpu, "host": info.host, "quick": bool(args.quick),
         "gemm_ref": impl.gemm_ref, "speedup": None, "exposed_ms": None, "overlap_eff": None,
     }
+    if hasattr(p, "extra"):  # the layer op: phase and the block's shape
+        rec.update(p.extra())
+    if stats.get("host_ms") is not None:
+        rec["host_ms"] = stats["host_ms"]
     if impl.role in ("fused", "nonoverlap", "gemm"):
         rec["tflops"] = tflops(p.flops_per_rank, ms)
     elif impl.role == "comm":
@@ -137,6 +157,8 @@ def measure(ctx, impl, timer):
     err = None
     try:
         run = impl.factory(ctx)
+    except Failed as e:
+        err = f"{FAILED}{e}"
     except Unavailable as e:
         err = str(e)
     except Exception as e:  # noqa: BLE001  (a broken impl skips its row; the others still run)
@@ -158,11 +180,13 @@ def measure(ctx, impl, timer):
     timer.sync()
     times = timer.time(run, ctx.nsets, impl.inner)
     s = summarize(times)
+    host = getattr(run, "host_us", None)
     return {
         "ms": comm.allreduce(s["median"], op=MPI.MAX),
         "ms_rank_min": comm.allreduce(s["median"], op=MPI.MIN),
         "ms_p10": comm.allreduce(s["p10"], op=MPI.MAX),
         "ms_p90": comm.allreduce(s["p90"], op=MPI.MAX),
+        "host_ms": comm.allreduce(float(host) / 1e3, op=MPI.MAX) if host is not None else None,
     }
 
 
@@ -227,6 +251,7 @@ def run(args, group, side, argv) -> list[dict]:
     budget = int(SET_BUDGET_FRACTION * info.mem_bytes / max(1, info.ranks_per_gpu))
     date = now_iso()
     records: list[dict] = []
+    failed: list[dict] = []
 
     sweep = [(op, chosen, problems_for(op, args, world)) for op, roles in plan(args.op)
              if (chosen := impls(op, roles, args.impl_names))]
@@ -245,6 +270,8 @@ def run(args, group, side, argv) -> list[dict]:
             for impl in chosen:
                 res = measure(ctx, impl, side.timer)
                 if isinstance(res, str):
+                    if FAILED in res:
+                        failed.append({"op": op, "label": p.label, "world": world, "m": p.m, "dtype": p.dtype, "impl": impl.name, "why": res})
                     prog.step(f"skip {op} {p.label} m={p.m} {impl.name}: {res}", keep=True)
                     continue
                 rec = make_record(p, impl, res, info, args, nsets, date)
@@ -261,9 +288,13 @@ def run(args, group, side, argv) -> list[dict]:
     if rank == 0:
         print()
         print(format_table(records), flush=True)
+        for f in failed:
+            print(f"FAILED, not timed: {f['op']} {f['label']} m={f['m']} {f['impl']}: {f['why']}", flush=True)
         if records and not args.no_json:
             meta = {"argv": list(argv), "versions": info.versions, "l2_bytes": info.l2_bytes,
                     "delay_us": args.delay_us, "align": not args.no_align, "seed": base_seed}
+            if failed:
+                meta["failed"] = failed
             path = write_json(records, args.out_dir, meta)
             print(f"wrote {path}", flush=True)
             if args.plot:

@@ -149,9 +149,10 @@ def fused_figures(bench_files) -> list:
                 _log2_x(ax, [r["m"] for r in sub])
                 ax.set_yscale("log")
                 n, k = sub[0]["n"], sub[0]["k"]
-                ax.set_title(f"{shape} (n={n}, k={k})" + (f"\n{EMULATED_TITLE}" if emu else ""), fontsize=9)
+                dims = f"hidden {n}, ffn {k}" if op == "layer" else f"n={n}, k={k}"  # the layer op's n, k are the block's
+                ax.set_title(f"{shape} ({dims})" + (f"\n{EMULATED_TITLE}" if emu else ""), fontsize=9)
                 ax.set_xlabel("m")
-                ax.set_ylabel("ms")
+                ax.set_ylabel("ms per step" if op == "layer" else "ms")
                 ax.legend(fontsize=6)
             for ax in axes[len(shapes):]:
                 ax.set_visible(False)

@@ -3,7 +3,8 @@
 A factory takes the bench context (problem, group, stream, input sets; see ``timing.Ctx``) and
 returns ``run(i)``, a callable that enqueues one execution on ``ctx.stream`` using input set
 ``i`` (no host synchronisation). It raises ``Unavailable(reason)`` when it cannot run here (torch
-missing, op not built yet, shape unsupported): the row is skipped and the reason printed.
+missing, op not built yet, shape unsupported): the row is skipped and the reason printed; it
+raises ``Failed(reason)`` when its result does not match the reference (the layer op's guard).
 
 Roles say what a row measures, and so how derived columns are computed:
   fused       the op with communication hidden in the GEMM (rawflux, torch SymmetricMemory ...)
@@ -22,12 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-OPS = ("ag_gemm", "gemm_rs", "barrier")
+OPS = ("ag_gemm", "gemm_rs", "barrier", "layer")
 ROLES = ("fused", "nonoverlap", "gemm", "comm", "barrier")
 
 
 class Unavailable(Exception):
     """An impl cannot run here; the message says why."""
+
+
+class Failed(Exception):
+    """An impl ran and its result is wrong: the row is not timed and the run lists it as failed."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import re
 import socket
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .problems import Problem
 L2_FALLBACK = 60 * 1024 * 1024  # H100/H200: 50-60 MB
 MAX_SETS = 64  # enough for sets down to ~4 MB to exceed 4x a 60 MB L2
 HOST_LAUNCH_US = 25  # generous host cost per queued execution, to size the delay kernel
+HOST_MARGIN = 1.5  # over an impl's own measured queueing time (run.host_us), where it gives one
 
 # The delay kernel queued before each timed region (python -m rawflux.check_kernels compiles it).
 _register("bench_delay.cu", "rawflux::bench_delay_kernel", archs=("sm_90a", "sm_80"))
@@ -160,13 +162,15 @@ def run_info(group) -> RunInfo:
 class Ctx:
     """What an impl factory gets. ``sets[i]`` holds one input set as CuPy arrays (per-rank shapes,
     see Problem): ag_gemm: "a" (m/W, k), "b" (n/W, k), "a_full" (m, k); gemm_rs: "a" (m, k/W),
-    "b" (n, k/W), "partial" (m, n). Factories allocate their own outputs."""
+    "b" (n, k/W), "partial" (m, n); layer: nothing (its rows make torch inputs, as many sets).
+    Factories allocate their own outputs; ``cache`` holds what the impls of one problem share."""
 
     problem: Problem
     group: object
     stream: object  # cupy.cuda.Stream
     sets: list
     seed: int
+    cache: dict = field(default_factory=dict)
 
     @property
     def nsets(self) -> int:
@@ -188,6 +192,8 @@ def set_shapes(p: Problem) -> dict[str, tuple[int, int]]:
 
 
 def set_bytes(p: Problem, itemsize: int) -> int:
+    if hasattr(p, "input_bytes"):  # the layer op: its own inputs, counted here to size the sets
+        return p.input_bytes(itemsize)
     return sum(r * c for r, c in set_shapes(p).values()) * itemsize
 
 
@@ -225,9 +231,9 @@ class Timer:
 
             self._delay = get_kernel("bench_delay.cu", "rawflux::bench_delay_kernel", device_id=group.device_id)
 
-    def _delay_launch(self, inner: int) -> None:
+    def _delay_launch(self, inner: int, host_us: float = 0.0) -> None:
         if self._delay is not None:
-            ns = int((self.delay_us + HOST_LAUNCH_US * inner) * 1000)
+            ns = int((self.delay_us + (HOST_LAUNCH_US + HOST_MARGIN * host_us) * inner) * 1000)
             self._delay.launch((1,), (1,), (np.uint64(ns),), stream=self.stream)
 
     def _align_launch(self) -> None:
@@ -250,9 +256,10 @@ class Timer:
         cp = self._cupy
         evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(self.iters)]
         k = self.warmup * inner
+        host_us = float(getattr(run, "host_us", 0.0))  # a whole model step queues for milliseconds
         with cp.cuda.Device(self.group.device_id):
             for e0, e1 in evs:
-                self._delay_launch(inner)
+                self._delay_launch(inner, host_us)
                 self._align_launch()
                 e0.record(self.stream)
                 for _ in range(inner):
@@ -287,6 +294,9 @@ class GpuSide:
 
         self.stream.synchronize()
         cupy.get_default_memory_pool().free_all_blocks()
+        torch = sys.modules.get("torch")  # the layer op's tensors live in torch's caching allocator
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def make_aligner(group, stream):

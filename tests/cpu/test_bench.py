@@ -92,7 +92,7 @@ def test_plan_maps_each_op_choice():
     assert cli.plan("ag_gemm") == [("ag_gemm", None)]
     assert cli.plan("gemm") == [("ag_gemm", {"gemm"}), ("gemm_rs", {"gemm"})]
     assert [op for op, _ in cli.plan("all")] == ["ag_gemm", "gemm_rs", "barrier"]
-    assert set(cli.OP_CHOICES) == {"ag_gemm", "gemm_rs", "gemm", "barrier", "all"}
+    assert set(cli.OP_CHOICES) == {"ag_gemm", "gemm_rs", "gemm", "barrier", "all", "layer"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -126,3 +126,50 @@ def test_run_agrees_across_ranks_and_writes_one_file(fake_impls, tmp_path, capsy
         assert all(report.validate(r) == [] for r in data["records"])
         text = capsys.readouterr().out
         assert "skip ag_gemm" in text and "not on rank 1" in text and "kernel exploded" in text
+
+
+def test_layer_op_runs_marks_failures_and_writes_its_fields(monkeypatch, tmp_path):
+    """--op layer through cli.run with stand-in rows (the real ones need a GPU; their steps are
+    checked on the CPU by tests/cpu/test_bench_layer.py): a row whose guard fails on one rank is
+    skipped on every rank and listed in meta.failed; the others carry the phase and host_ms."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    monkeypatch.setattr(registry, "_impls", {op: {} for op in registry.OPS})
+
+    def hosted(ms):
+        run = _runner(ms)
+        run.host_us = 1000.0 * (1 + rank)  # the slowest rank's queueing is recorded
+        return run
+
+    def wrong(ctx):
+        if rank == world - 1:
+            raise registry.Failed("dx differs")
+        return hosted(9.0)
+
+    reg = registry.register
+    reg("layer", "nonoverlap", "nonoverlap", lambda ctx: hosted(10.0))
+    reg("layer", "rawflux", "fused", wrong, gemm_ref="gemm_only")
+    reg("layer", "torch_async_tp", "fused", lambda ctx: hosted(8.0), gemm_ref="gemm_only")
+    reg("layer", "gemm_only", "gemm", lambda ctx: hosted(5.0))
+    out_dir = comm.bcast(str(tmp_path / "layer"), root=0)
+    args = cli.parse_args(["--op", "layer", "--quick", "--shapes", "tiny", "--phase", "train,decode", "--out-dir", out_dir, "--seed", "3"])
+    group = SimpleNamespace(comm=comm, rank=rank, world=world, device_id=0)
+    records = cli.run(args, group, FakeSide(rank), ["--op", "layer"])
+
+    timed = ("nonoverlap", "torch_async_tp", "gemm_only")
+    assert [(r["phase"], r["impl"]) for r in records] == [(ph, i) for ph in ("train", "decode") for i in timed]
+    t = {r["impl"]: r for r in records if r["phase"] == "train"}
+    assert t["torch_async_tp"]["speedup"] == pytest.approx(1.25) and t["torch_async_tp"]["exposed_ms"] == pytest.approx(3.0)
+    assert all(r["host_ms"] == pytest.approx(float(world)) and r["op"] == "layer" and r["label"].startswith("tiny.") for r in records)
+    assert t["nonoverlap"]["m"] == 1024 and not [r for r in records if r["phase"] == "decode"][0]["seq_parallel"]
+    comm.Barrier()
+    if rank == 0:
+        files = list(Path(out_dir).glob("*.json"))
+        assert len(files) == 1 and "layer" in files[0].name
+        data = json.loads(files[0].read_text())
+        assert all(report.validate(r) == [] for r in data["records"])
+        failed = [(f["label"], f["m"], f["impl"]) for f in data["meta"]["failed"]]
+        assert failed == [("tiny.train", 1024, "rawflux"), ("tiny.decode", 16, "rawflux")]
+        assert data["meta"]["failed"][0]["why"] == f"rank {world - 1}: FAILED: dx differs"
