@@ -2,26 +2,23 @@
 the tensor-parallel group. The layers call these through this module's namespace, so tests swap
 them for reference implementations (tests/cpu/test_nn_cpu.py).
 
-Op objects are cached per (group, shape, dtype, layout) and shared by every layer of that shape;
-a layer's ``max_m`` sizes them at the first call, so a step at any m <= max_m allocates nothing
-(and can be captured in a CUDA graph once a step has run). Without ``max_m`` they grow to the
-largest m seen, collectively, like the functional rawflux.ag_gemm / rawflux.gemm_rs.
+Op objects are the functional rawflux.ag_gemm / rawflux.gemm_rs's own (ops' shared_op), one per
+(group, shape, dtype, layout), shared by every layer of that shape and by direct functional
+calls; a layer's ``max_m`` sizes them at the first call, so a step at any m <= max_m allocates
+nothing (and can be captured in a CUDA graph once a step has run). Without ``max_m`` they grow to
+the largest m seen, collectively.
 """
 from __future__ import annotations
 
 from .. import baseline
-from ..ops._collective import OpCache
-from ..ops.ag_gemm import AGGemm
+from ..ops import ag_gemm as _ag
+from ..ops import gemm_rs as _rs
 from ..ops.gemm import gemm as _gemm
-from ..ops.gemm_rs import GemmRS
 from ..runtime import DType, as_tensor, resolve_stream
 
 # Columns of the throw-away GEMM behind a gather (ag_gemm has no gather-only call): small next to
 # any layer's own n, and a width the fused kernels are checked at.
 GATHER_N = 128
-
-_ag_ops = OpCache(lambda g, key, cap: AGGemm(g, cap, *key), lambda op: op.max_m)
-_rs_ops = OpCache(lambda g, key, cap: GemmRS(g, cap, *key[:4], partials=key[4]), lambda op: op.max_m)
 
 
 def _need(m: int, max_m: int | None, world: int) -> int:
@@ -29,12 +26,11 @@ def _need(m: int, max_m: int | None, world: int) -> int:
 
 
 def _ag_op(group, n, k, dtype, layout, m, max_m, stream):
-    return _ag_ops.get(group, (int(n), int(k), dtype, layout), _need(m, max_m, group.world), stream=stream, round_to=group.world)
+    return _ag.shared_op(group, n, k, dtype, layout, _need(m, max_m, group.world), stream=stream)
 
 
 def _rs_op(group, n, k, dtype, layout, partials, m, max_m, stream):
-    key = (int(n), int(k), dtype, layout, partials or dtype.tag)
-    return _rs_ops.get(group, key, _need(m, max_m, group.world), stream=stream, round_to=group.world)
+    return _rs.shared_op(group, n, k, dtype, layout, partials or dtype.tag, _need(m, max_m, group.world), stream=stream)
 
 
 def ag_gemm(a, b, group, *, b_layout="nk", bias=None, gathered_out=None, return_gathered=False, max_m=None):
@@ -167,9 +163,10 @@ def _cupy_of(t):
 
 
 def clear_cache() -> None:
-    """Close the op objects and buffers rawflux.nn made (collective: every rank calls it)."""
-    _ag_ops.clear()
-    _rs_ops.clear()
+    """Close the op objects rawflux.nn uses (shared with the functional rawflux.ag_gemm / gemm_rs) and
+    its buffers (collective: every rank calls it)."""
+    _ag.clear_cache()
+    _rs.clear_cache()
     _gather_w.clear()
     for group, buf in list(_ipc_bufs.values()):
         if not group.closed and not buf.closed:

@@ -61,7 +61,7 @@ from ..tune import GemmConfig
 from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group
 
-__all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "schedule", "push_targets", "pull_sources", "arrival_order",
+__all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms"]
 
 KERNEL_FILE = "ag_gemm.cu"
@@ -585,6 +585,15 @@ def _make(group, key, capacity):
 _cache = OpCache(_make, lambda op: op.max_m)
 
 
+def shared_op(group, n: int, k: int, dtype: DType, b_layout: str, need: int, *, direction: str | None = None,
+              copy: str | None = None, out_dtype: DType | None = None, stream: int | None = None) -> "AGGemm":
+    """The cached op object for these parameters (None: AGGemm's defaults), grown collectively to
+    at least ``need`` gathered rows: the functional form's, and rawflux.nn's."""
+    direction = env.ag_direction() if direction is None else direction
+    key = (int(n), int(k), dtype, b_layout, direction, default_copy(group, copy), dtype if out_dtype is None else out_dtype)
+    return _cache.get(group, key, max(int(need), group.world), stream=stream, round_to=64 * group.world)
+
+
 def cached_op(group, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
               copy: str | None = None, out_dtype=None) -> "AGGemm | None":
     """The op object the functional form uses for these parameters (None before the first call):
@@ -635,7 +644,6 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     od = _out_dtype(ta.dtype, out.dtype if out_dtype is None and out is not None else out_dtype)
     c = check_call(ta, tb, n=n, k=k, dtype=ta.dtype, out_dtype=od, b_layout=b_layout, device=g.device_id, world=g.world,
                    bias=bias, out=out, gathered_out=gathered_out, stream=s if s is not None else stream)
-    m = ta.shape[0] * g.world
-    key = (n, k, ta.dtype, b_layout, direction, copy, od)
-    op = _cache.get(g, key, max(m, g.world), stream=c.stream, round_to=64 * g.world)
+    op = shared_op(g, n, k, ta.dtype, b_layout, ta.shape[0] * g.world, direction=direction, copy=copy, out_dtype=od,
+                   stream=c.stream)
     return op._call(c, return_gathered)

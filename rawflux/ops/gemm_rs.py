@@ -43,7 +43,7 @@ from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
 from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group
 
-__all__ = ["GemmRS", "gemm_rs", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
+__all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
 
 KERNEL_FILE = "gemm_rs.cu"
@@ -244,6 +244,7 @@ class RsPlan:
     clusters: int  # the grid's clusters (G): also the own tiles' delay
     own_delay: int
     params: bytes  # GemmParams
+    a_tail: int  # rows of A's tail box, for the owner tiling (GemmParams::a_tail_rows, and the tail map's box)
     fields: tuple[int, ...]  # the call record's fields (m, n, k ...)
 
 
@@ -271,12 +272,13 @@ def plan_call(m: int, *, n: int, k: int, dtype: DType, b_layout: str, partials: 
         from .. import env
 
         timeout_ns = int(env.wait_timeout_s() * 1e9)
+    a_tail = a_tail_rows(t, m, world)
     params = engine.GEMM_PARAMS.pack(
         m, n, k, world * lp, tiles_n, kb, 1, kb, max(1, cfg.group), 0, world, rank, 0,
-        tune.a_box_rows(t, m), a_tail_rows(t, m, world), 0, 0, delay, 0, 0, timeout_ns,
+        tune.a_box_rows(t, m), a_tail, 0, 0, delay, 0, 0, timeout_ns,
     )
     fields = (m, n, k, DTYPE_CODE[dtype], _LAYOUT_CODE[b_layout], part_code, t.bm, t.bn, t.cluster_m, t.cluster_n, t.consumers)
-    return RsPlan(m, m_loc, cfg, lp, per_owner, clusters, delay, params, fields)
+    return RsPlan(m, m_loc, cfg, lp, per_owner, clusters, delay, params, a_tail, fields)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -407,8 +409,8 @@ class GemmRS(CollectiveOp):
                 p = plan_call(m, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, partials=self.partials,
                               world=self.world, rank=self.rank, dev=self.dev, ctas=fit * t.cluster_size, tiles_cap=self.tiles_cap,
                               config=p.cfg, own_delay=self.own_delay, timeout_ns=self.pipeline_timeout_ns())
-        # A's tail box follows the owner tiling (a_tail_rows), not the plain tiling engine.plan assumed
-        gplan = replace(gplan, params=p.params, grid=p.clusters * t.cluster_size, a_tail=a_tail_rows(t, m, self.world))
+        # A's tail box follows the owner tiling (RsPlan.a_tail), not the plain tiling engine.plan assumed
+        gplan = replace(gplan, params=p.params, grid=p.clusters * t.cluster_size, a_tail=p.a_tail)
         maps = b"".join(self._recv_map(o, p.m_loc) for o in range(self.world))
         maps += _ZERO_MAP * (MAX_WORLD - self.world)
         record = call_record(p.fields)
@@ -499,6 +501,12 @@ def _make_op(group, key, capacity):
 _ops = OpCache(_make_op, lambda op: op.max_m)
 
 
+def shared_op(group, n: int, k: int, dtype: DType, b_layout: str, partials: str, need: int, *, stream: int | None = None) -> GemmRS:
+    """The cached op object for these parameters (partials resolved), grown collectively to at
+    least ``need`` rows: the functional form's, and rawflux.nn's."""
+    return _ops.get(group, (int(n), int(k), dtype, b_layout, partials), max(int(need), group.world), stream=stream, round_to=group.world)
+
+
 def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None, stream=None, partials: str | None = None):
     """Fused GEMM-ReduceScatter on rank r of the group (default: the current one, rawflux.init()).
 
@@ -532,8 +540,7 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     dt, partials = check_op_args(group.world, m, n, k, ta.dtype, b_layout, partials)  # what building the op would refuse
     c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, world=group.world, bias=bias, out=out,
                    stream=s if s is not None else stream)
-    op = _ops.get(group, (n, k, dt, b_layout, partials), m, stream=c.stream, round_to=group.world)
-    return op._call(c)
+    return shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)._call(c)
 
 
 def clear_cache() -> None:

@@ -14,6 +14,7 @@ from rawflux.dist.layout import OP_AG_GEMM, StatusRecord
 from rawflux.ops import _collective as C
 from rawflux.ops import ag_gemm as A
 from rawflux.runtime import DType, arrays
+from tests.fake_group import FakeGroup, OpGroup
 
 WORLDS = (2, 3, 4, 8)
 
@@ -299,13 +300,6 @@ def test_timeouts_keep_dist_message():
 BASE = 0x7F00_0000_0000
 
 
-class FakeGroup:
-    """What an op object reads of a Group (a plain class: op objects keep weak references)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 class FakeCAI:
     def __init__(self, ptr, shape, typestr="<V2", strides=None):
         self.__cuda_array_interface__ = {"version": 3, "data": (ptr, False), "shape": tuple(shape), "typestr": typestr,
@@ -415,53 +409,6 @@ def test_op_cache_grows_and_reuses():
 # which pointers (catches host-side slips that only a GPU run would otherwise show)
 
 
-class _Buf:
-    def __init__(self, name, nbytes, rank, world, base):
-        self.name, self.nbytes = name, nbytes
-        self.peer_ptrs = [base + (q << 32) for q in range(world)]
-        self.ptr = self.peer_ptrs[rank]
-        self.peer_table_ptr = base + (1 << 40)
-
-
-class _Status:
-    state = 0
-    failed = False
-
-
-class _AgreeComm:
-    """An agreement communicator on which every rank agrees with this one (bounded_allgather)."""
-
-    def __init__(self, world):
-        self.world = world
-
-    def Get_size(self):
-        return self.world
-
-    def Iallgather(self, vals, out):
-        out[:] = vals
-        return FakeGroup(Test=lambda: True)
-
-
-class _Group:
-    def __init__(self, rank, world, log):
-        self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
-        self.log, self._n = log, 0
-        self.agree_comm = _AgreeComm(world)
-        self.group_ctrl_ptr = 0x5000_0000
-        self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
-        self.status = _Status()
-
-    def symmetric(self, nbytes, name):
-        self._n += 1
-        return _Buf(name, nbytes, self.rank, self.world, (0x10 + self._n) << 44)
-
-    def barrier(self, stream):
-        self.log.append(("barrier", stream))
-
-    def free_symmetric(self, buf):
-        pass
-
-
 class _Kernel:
     def __init__(self, name, log):
         self.name, self.log, self.handle, self.symbol = name, log, hash(name), name
@@ -547,7 +494,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     log, plans = fake_cuda
     rank, world, m_loc, n, k = 1, 4, 100, 64, 128
     row = 2 * k
-    op = A.AGGemm(_Group(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy)
+    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy)
     main = 0x42
     a = FakeCAI(BASE, (m_loc, k))
     out = FakeCAI(BASE + (1 << 30), (m_loc * world, n))
@@ -624,7 +571,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
 
 def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
     log, _ = fake_cuda
-    op = A.AGGemm(_Group(0, 2, log), 256, 64, 128, "bf16")
+    op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 128, "bf16")
     a = FakeCAI(BASE, (128, 128))
     g_out = FakeCAI(BASE + (3 << 30), (256, 128))
     op(a, FakeCAI(BASE + (2 << 30), (64, 128)), out=FakeCAI(BASE + (1 << 30), (256, 64)), gathered_out=g_out, stream=7)
@@ -640,7 +587,7 @@ def test_a_given_config_runs_data_parallel(fake_cuda):
     from rawflux import tune
 
     log, plans = fake_cuda
-    op = A.AGGemm(_Group(0, 2, log), 256, 64, 128, "bf16", copy="sm")
+    op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 128, "bf16", copy="sm")
     t = next(iter(tune.TILES))
     for decomp in (tune.Decomp.split_k(3), tune.STREAM_K, tune.Decomp("tail", 3)):
         op(FakeCAI(BASE, (128, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), out=FakeCAI(BASE + (1 << 30), (256, 64)), stream=7,

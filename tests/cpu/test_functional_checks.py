@@ -12,13 +12,9 @@ from rawflux.ops import ag_gemm as A
 from rawflux.ops import gemm_rs as R
 from rawflux.runtime import device
 from tests.fake_arrays import BF16, FakeCupy, at
+from tests.fake_group import FakeGroup
 
 W, M_LOC, N, K = 2, 64, 128, 256
-
-
-class FakeGroup:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
 
 class Collective(Exception):

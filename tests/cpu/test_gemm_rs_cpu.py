@@ -19,6 +19,7 @@ from rawflux.ops import gemm_rs as rs
 from rawflux.runtime import DType, arrays
 from rawflux.tune.rs_order import a_tail_rows as rs_a_tail_rows
 from rawflux.tune.rs_order import per_owner_tiles, rows_per_owner
+from tests.fake_group import FakeGroup, OpGroup
 
 DEV = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20, name="fake")
 
@@ -377,11 +378,6 @@ class FakeCAI:
                                          "strides": strides}
 
 
-class FakeGroup:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 def _fake_map(*args) -> bytes:
     """A 'tensor map' that spells its arguments (ints), so the tests can read them back."""
     raw = struct.pack(f"<{len(args)}q", *(int(a) for a in args))
@@ -417,53 +413,6 @@ def fake_device(monkeypatch):
     return log, lambda n: sms.__setitem__("n", n)
 
 
-class _Buf:
-    def __init__(self, name, nbytes, rank, world, base):
-        self.name, self.nbytes = name, nbytes
-        self.peer_ptrs = [base + (q << 32) for q in range(world)]
-        self.ptr = self.peer_ptrs[rank]
-        self.peer_table_ptr = base + (1 << 40)
-
-
-class _AgreeComm:
-    """An agreement communicator on which every rank agrees with this one (bounded_allgather)."""
-
-    def __init__(self, world):
-        self.world = world
-
-    def Get_size(self):
-        return self.world
-
-    def Iallgather(self, vals, out):
-        out[:] = vals
-        return FakeGroup(Test=lambda: True)
-
-
-class _Group:
-    """What an op object reads of a Group at world > 1 (plain class: op objects keep weak references)."""
-
-    def __init__(self, rank, world, log):
-        self.rank, self.world, self.device_id, self.timeout_s, self.closed = rank, world, 0, 5.0, False
-        self.log, self._n = log, 0
-        self.agree_comm = _AgreeComm(world)
-        self.group_ctrl_ptr = 0x5000_0000
-        self.ctrl = _Buf("ctrl", 1024, rank, world, 0x6000_0000_0000)
-        self.status = FakeGroup(state=0, failed=False)
-        self.buffers = {}
-
-    def symmetric(self, nbytes, name):
-        self._n += 1
-        buf = _Buf(name, nbytes, self.rank, self.world, (0x10 + self._n) << 44)
-        self.buffers[name.split(".")[-1]] = buf
-        return buf
-
-    def barrier(self, stream):
-        self.log.append(("barrier", stream))
-
-    def free_symmetric(self, buf):
-        pass
-
-
 def test_world_one_is_the_plain_gemm(fake_device):
     """World 1: no buffers, no communication; one plain GEMM kernel stores straight into out."""
     log, _ = fake_device
@@ -496,7 +445,7 @@ def test_world_one_is_the_plain_gemm(fake_device):
 def test_bad_calls_raise_before_launch(fake_device, monkeypatch, call, match):
     log, _ = fake_device
     monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 4)
-    op = rs.GemmRS(_Group(1, 4, []), 256, 256, 128, "bf16")
+    op = rs.GemmRS(OpGroup(1, 4, []), 256, 256, 128, "bf16")
     a, b = FakeCAI(BASE, (256, 128)), FakeCAI(BASE + (2 << 30), (256, 128))
     with pytest.raises((ValueError, TypeError), match=match):
         call(op, a, b, None)
@@ -512,7 +461,7 @@ def test_a_call_is_one_kernel(fake_device, monkeypatch, partials, with_bias):
     rank, world, m, n, k = 1, 4, 512, 256, 128
     monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * world)
     glog = []
-    group = _Group(rank, world, glog)
+    group = OpGroup(rank, world, glog)
     op = rs.GemmRS(group, m, n, k, "bf16", partials=partials)
     part_bytes = rs.PARTIALS[partials][1]
     assert op.recv.nbytes == rs.recv_bytes(m, n, part_bytes) and op.sync.nbytes == rs.sync_bytes(world, op.tiles_cap)
@@ -560,7 +509,7 @@ def test_tail_box_follows_owner_rows(fake_device, monkeypatch, m):
     expected bytes): the owner tiling's, where the plain tiling's differs."""
     log, _ = fake_device
     monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 2)
-    op = rs.GemmRS(_Group(1, 2, []), 512, 512, 256, "bf16", config=tune.GemmConfig(tune.TileConfig(64, 128, 8), tune.DP))
+    op = rs.GemmRS(OpGroup(1, 2, []), 512, 512, 256, "bf16", config=tune.GemmConfig(tune.TileConfig(64, 128, 8), tune.DP))
     op(FakeCAI(BASE, (m, 256)), FakeCAI(BASE + (2 << 30), (512, 256)), out=FakeCAI(BASE + (1 << 30), (m // 2, 512)), stream=0x42)
     tmap_a, _, params, _, _, tmap_a_tail = log[0]["args"]
     rows = gemm_params(params)["a_tail_rows"]
@@ -580,7 +529,7 @@ def test_construction_needs_the_same_arguments_everywhere(fake_device, monkeypat
         return [value, value, tuple(other), value]
 
     monkeypatch.setattr(rs, "bounded_allgather", allgather)
-    group = _Group(0, 4, [])
+    group = OpGroup(0, 4, [])
     with pytest.raises(ValueError, match="different arguments.*rank 2: max_m=256, n=512"):
         rs.GemmRS(group, 256, 256, 128, "bf16")
     assert "recv" not in group.buffers and "sync" not in group.buffers  # checked before the buffers are allocated
@@ -591,11 +540,11 @@ def test_construction_rejects_a_foreign_tile(fake_device, monkeypatch):
     monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None: [value] * 2)
     wide = next(t for t in tune.tiles_for("nk") if t not in rs.rs_tiles("nk"))
     with pytest.raises(ValueError, match="not a GEMM-RS variant"):
-        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", config=tune.GemmConfig(wide))
+        rs.GemmRS(OpGroup(0, 2, []), 256, 256, 128, "bf16", config=tune.GemmConfig(wide))
     with pytest.raises(TypeError, match="GemmConfig"):
-        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", config="fast")
+        rs.GemmRS(OpGroup(0, 2, []), 256, 256, 128, "bf16", config="fast")
     with pytest.raises(ValueError, match="ctas=0"):
-        rs.GemmRS(_Group(0, 2, []), 256, 256, 128, "bf16", ctas=0)
+        rs.GemmRS(OpGroup(0, 2, []), 256, 256, 128, "bf16", ctas=0)
 
 
 def test_ranks_with_different_grids_pick_the_same_tile(fake_device, monkeypatch):
@@ -617,7 +566,7 @@ def test_ranks_with_different_grids_pick_the_same_tile(fake_device, monkeypatch)
             return [mine + (q, sms[q]) for q in range(world)]
 
         monkeypatch.setattr(rs, "bounded_allgather", allgather)
-        op = rs.GemmRS(_Group(rank, world, []), m, n, k, "bf16")
+        op = rs.GemmRS(OpGroup(rank, world, []), m, n, k, "bf16")
         assert op.ctas == sms[rank] and op.tile_ctas == min(sms.values())
         p = op.plan(m)
         assert p.cfg.ctas == sms[rank]  # each rank runs its own grid
@@ -634,7 +583,7 @@ def test_ranks_sharing_a_gpu_run_no_cluster_tiles(fake_device, monkeypatch):
     for keys, want_cluster in (((7, 7), False), ((1, 2), True)):
         monkeypatch.setattr(rs, "bounded_allgather", lambda group, value, what, timeout_s=None, keys=keys:
                             [value[:-2] + (kq, value[-1]) for kq in keys])
-        op = rs.GemmRS(_Group(0, world, []), m, n, k, "bf16")
+        op = rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16")
         assert op.shares_gpu == (not want_cluster)
         t = op.plan(m).cfg.tile
         assert (t.cluster_size > 1) == want_cluster, t.tag()

@@ -57,3 +57,10 @@ def run_worlds(script: str, prefix: str, worlds: list[int], worker_args: list[st
         if rc == "interrupted":
             break
     return lines, failures
+
+
+def counts_summary(prefix: str, lines: list[str], failures: list[int], worlds: list[int]) -> str:
+    """A driver's last line: the verdict, and the PASS / FAIL / SKIP lines run_worlds echoed."""
+    passes, fails, skips = (sum(f" {tag} " in ln for ln in lines) for tag in ("PASS", "FAIL", "SKIP"))
+    verdict = "ALL PASS" if not failures else f"FAILED at worlds {failures}"
+    return f"{prefix} summary: {verdict}; {passes} pass, {fails} fail, {skips} skip over worlds {worlds}"

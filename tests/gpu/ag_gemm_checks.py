@@ -705,7 +705,7 @@ def worker(args) -> int:
 
 def driver(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
-    from _worlds import run_worlds
+    from _worlds import counts_summary, run_worlds
 
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
     extra = ["--seed", str(args.seed), "--timeout", str(args.timeout), "--stall-s", str(args.stall_s)] \
@@ -714,11 +714,7 @@ def driver(args) -> int:
     # the main group: a generous wait bound (MPS time-slicing, first compiles)
     got, failures = run_worlds(__file__, "ag_gemm", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
                                env_defaults={"RAWFLUX_WAIT_TIMEOUT_S": "30"})
-    passes = sum(" PASS " in ln for ln in got)
-    fails = sum(" FAIL " in ln for ln in got)
-    skips = sum(" SKIP " in ln for ln in got)
-    print(f"ag_gemm summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'}; "
-          f"{passes} pass, {fails} fail, {skips} skip over worlds {worlds}", flush=True)
+    print(counts_summary("ag_gemm", got, failures, worlds), flush=True)
     return 0 if not failures else 1
 
 

@@ -602,15 +602,13 @@ def worker(args) -> int:
 
 def driver(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
-    from _worlds import run_worlds
+    from _worlds import counts_summary, run_worlds
 
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
     extra = ["--seed", str(args.seed)] + (["--quick"] if args.quick else []) + (["--only", args.only] if args.only else [])
     got, failures = run_worlds(__file__, "nn", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
                                env_defaults={"RAWFLUX_WAIT_TIMEOUT_S": "30"}, needs_pass=True)
-    passes, fails, skips = (sum(f" {s} " in ln for ln in got) for s in ("PASS", "FAIL", "SKIP"))
-    print(f"nn summary: {'ALL PASS' if not failures else f'FAILED at worlds {failures}'}; "
-          f"{passes} pass, {fails} fail, {skips} skip over worlds {worlds}", flush=True)
+    print(counts_summary("nn", got, failures, worlds), flush=True)
     return 0 if not failures else 1
 
 
