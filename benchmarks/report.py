@@ -414,8 +414,8 @@ def render(results: Path = RESULTS) -> str:
     if any(not emu and op in ("ag_gemm", "gemm_rs") for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])
+    out += barrier_section(cur, data["bench"])  # a part of the real GPUs' section
     out += layer_section(cur, data["bench"])
-    out += barrier_section(cur, data["bench"])
     out += emulated_section(cur, data["bench"])
     text = "\n".join(out).rstrip("\n") + "\n"
     return re.sub(r"\n{3,}", "\n\n", text)

@@ -268,9 +268,8 @@ class _State:
     def guard(self, way: str, step) -> None:
         """Raise Failed unless ``step`` matches the reference on every rank (collective)."""
         ref = self.reference()
-        with self.on():
-            got = step(0)
-        errs = self.steps.rel_errors(got, ref)
+        with self.on():  # compared on the stream that computed it (torch's default one would not wait)
+            errs = self.steps.rel_errors(step(0), ref)
         name, worst = max(((k, v if math.isfinite(v) else math.inf) for k, v in errs.items()), key=lambda kv: kv[1])
         every = self.group.comm.allgather((worst, name))
         r = max(range(len(every)), key=lambda i: every[i][0])

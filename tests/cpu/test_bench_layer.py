@@ -223,6 +223,29 @@ def test_guard_passes_a_match_and_fails_a_wrong_step():
         broken.guard("rawflux", lambda i: near)
 
 
+def test_guard_compares_on_the_steps_stream(monkeypatch):
+    """The step runs on the bench stream (``on``); its result is compared there too: torch's
+    default stream does not wait for a non-blocking stream, so comparing outside ``on`` read a
+    decode step's output before it was written (1.15 relative on the emulated node)."""
+    torch = pytest.importorskip("torch")
+    ref = [torch.ones(4, 4)]
+    inside = []
+
+    @contextlib.contextmanager
+    def on():
+        inside.append(True)
+        yield
+        inside.pop()
+
+    st = _guarded(ref)
+    st.on = on
+    seen = []
+    real = layer_steps.rel_errors
+    monkeypatch.setattr(layer_steps, "rel_errors", lambda got, want: seen.append(bool(inside)) or real(got, want))
+    st.guard("rawflux", lambda i: [t.clone() for t in ref])
+    assert seen == [True]
+
+
 def test_failed_rows_are_marked():
     class Comm:
         def allgather(self, x):
