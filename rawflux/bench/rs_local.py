@@ -56,6 +56,11 @@ class _HostStatus:
     def state(self) -> int:
         return struct.unpack("<I", self._be.read_host(self.host, 4))[0]
 
+    def record(self):
+        from ..dist.layout import STATUS_BYTES, StatusRecord
+
+        return StatusRecord.from_bytes(self._be.read_host(self.host, STATUS_BYTES))
+
     def __del__(self):
         try:
             self._be.free_host(self.host)
@@ -85,7 +90,7 @@ class _FakeGroup:
 
     @property
     def status(self):
-        return SimpleNamespace(state=self._status.state())
+        return self._status.record()  # the whole record: a failure is described like a Group's
 
 
 def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_layout: str, partials: str, config, ctas: int,

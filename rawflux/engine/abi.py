@@ -52,7 +52,7 @@ def epilogue_traits(epilogue: str) -> EpilogueTraits:
     if epilogue == TMA_STORE_EPI:
         return EpilogueTraits(staged=True, deferrable=True, refill_ok=True, state_bytes=0)
     if epilogue.startswith(RS_EPILOGUE_PREFIX):
-        return EpilogueTraits(staged=True, deferrable=False, refill_ok=False, state_bytes=64)
+        return EpilogueTraits(staged=True, deferrable=False, refill_ok=False, state_bytes=160)
     return EpilogueTraits(staged=False, deferrable=False, refill_ok=True, state_bytes=0)
 
 

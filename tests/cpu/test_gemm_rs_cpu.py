@@ -301,6 +301,12 @@ def _nvrtc():
     return compile_cubin
 
 
+def _rs_state_bytes() -> int:
+    from rawflux.engine.abi import RS_EPILOGUE_PREFIX, epilogue_traits
+
+    return epilogue_traits(RS_EPILOGUE_PREFIX).state_bytes
+
+
 def _layout_asserts() -> str:
     lines = ['#include "rawflux/fused/rs_epilogue.cuh"', "namespace rawflux {"]
     for part, (code, nbytes) in rs.PARTIALS.items():
@@ -311,7 +317,7 @@ def _layout_asserts() -> str:
             f'static_assert(__builtin_offsetof({ps}, tmap_out) == 0, "{part}: Params.tmap_out");',
             f'static_assert(__builtin_offsetof({ps}, tmap_recv) == 128, "{part}: Params.tmap_recv");',
             f'static_assert(RsEpilogue<{code}>::kPartBytes == {nbytes}, "{part}: kPartBytes");',
-            f'static_assert(RsEpilogue<{code}>::kStateBytes == 64, "{part}: kStateBytes (engine.abi.epilogue_traits)");',
+            f'static_assert(RsEpilogue<{code}>::kStateBytes == {_rs_state_bytes()}, "{part}: kStateBytes (engine.abi.epilogue_traits)");',
         ]
         off = TAIL_OFFSET
         for name, fmt in zip(TAIL_FIELDS, ("Q",) * 4 + (f"{W8}Q",) * 2 + ("i",) * 6 + (f"{C.META_WORDS}I",)):

@@ -6,11 +6,13 @@
 // store into o's receive slot (a 3-D tensor map per peer: n, m_loc rows, 2W slots slot_rows
 // apart, so a store is clipped at the call's rows), then goes back to the main loop while the TMA
 // engine drains the link. The warpgroup's flag on o is raised once its bulk group has completed, at the start of its
-// next tile's epilogue (or at the kernel's end): wait_group 0, proxy fence, release, all by the
-// thread that issued the stores. fp32 partials (kRsPartF32) are stored from registers instead and
-// released the same way, one tile later, after a warpgroup barrier.
+// next tile's epilogue (or at the kernel's end): the thread that issued the stores waits for
+// them (wait_group 0, proxy fence) and posts the flag to the releaser (warp 2 of the producer
+// warpgroup) with a CTA-scope release; the releaser raises it with the system-scope release, so
+// the consumers never stall on that fence. fp32 partials (kRsPartF32) are stored from registers
+// instead and posted the same way, one tile later, after a warpgroup barrier.
 //
-// Own tile: the fp32 accumulators stay in registers. The side role (warp 1 of the producer
+// Own tile: the fp32 accumulators stay in registers. The waits role (warp 1 of the producer
 // warpgroup, walking the same tiles) checks each peer's call record once and waits (bounded) for
 // the peers' flags of every own tile, normally long set (the tile runs a wave after its peers').
 // The producer then loads the W - 1 partials through the stage ring after the tile's k blocks (a
@@ -19,8 +21,8 @@
 // into out (m_loc, n). Before that the warpgroup raises its previous tile's flag, so that no wait
 // holds back what a peer waits for.
 //
-// Per call: the epoch (this call's number, fused/rs_layout.cuh) is the sync buffer's counter + 1;
-// CTA 0 pushes this rank's call record into every peer at its start; the last CTA to finish
+// Per call: the epoch (this call's number, fused/rs_layout.cuh) is the sync buffer's counter + 1,
+// read once per CTA before the kernel's start barrier; CTA 0 pushes this rank's call record into every peer at its start; the last CTA to finish
 // advances the counter. A failed wait or a mismatched record is written to the group's Status
 // (rawflux.dist raises CollectiveTimeout / CallMismatch) and the warpgroup stores nothing more of
 // that tile; the kernel always runs to its end, so the epoch stays in step on every rank.
@@ -108,12 +110,16 @@ struct RsEpilogue {
     return Cfg::kStoreBufs;
   }
   // Shared state past the staging buffers (kStateBytes): per consumer warpgroup c at 16 c, the
-  // address of the flag it still owes (u64, 0: none), the own tiles it has reached (u32 at +8) and
-  // the call's epoch (u32 at +12, 0 until its first tile);
+  // address of the flag it still owes (u64, 0: none) and the own tiles it has reached (u32 at +8);
   // at 32, the own tiles whose peers the side role has seen ready (u32), at 36 whether a wait
-  // failed, at 40 the side role's done mark; at 44 and 48 the producer's count of own tiles and
-  // the epoch it read.
-  static constexpr int kStateBytes = 64;
+  // failed, at 40 the side role's done mark, at 44 the producer's count of own tiles, at 48 the
+  // call's epoch (init), at 52 the releaser's done mark; from kMailOffset, consumer c's mailbox
+  // to the releaser at kMailBytes c: flags posted (u32), flags raised (u32 at +4), closed (u32 at
+  // +8), kMailSlots flag addresses (u64 from +16).
+  static constexpr int kMailOffset = 64;
+  static constexpr int kMailSlots = 4;
+  static constexpr int kMailBytes = 16 + 8 * kMailSlots;
+  static constexpr int kStateBytes = kMailOffset + 2 * kMailBytes;
   template <class Cfg>
   static constexpr int state_offset() { return bufs<Cfg>() * TmaStore::kBoxBytes * Cfg::kConsumers; }
   template <class Cfg>
@@ -123,8 +129,13 @@ struct RsEpilogue {
   }
 
   static RAWFLUX_DEVICE u32 epoch(const Params& ep) {
-    // Written only by this kernel's last CTA, after every CTA's last read (finish), and by earlier calls.
+    // Written only by this kernel's last CTA, after every CTA's reads (init, the waits role; finish), and by earlier calls.
     return ld_volatile_u32(reinterpret_cast<const u32*>(ep.sync + kRsEpochOffset)) + 1u;
+  }
+  // The epoch init kept in shared memory (read after the kernel's start barrier).
+  static RAWFLUX_DEVICE u32 epoch_of(u32 state) { return ptx::ld_shared_u32(state + 48); }
+  static RAWFLUX_DEVICE i64 role_timeout_ns(const Params& ep) {
+    return (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull);  // past any bounded wait of a peer
   }
 
   template <class Cfg>
@@ -132,6 +143,7 @@ struct RsEpilogue {
     const u32 state = scratch + state_offset<Cfg>();
 #pragma unroll
     for (int i = 0; i < kStateBytes; i += 8) ptx::st_shared_u64(state + i, 0ull);
+    ptx::st_shared_u32(state + 48, epoch(ep));  // every role's epoch: the kernel's start barrier orders it before their reads
     // the stores' descriptors into the TMA unit's cache before the first tile needs them
     ptx::tma_prefetch_desc(&ep.tmap_out);
     if constexpr (kPart != kRsPartF32) {
@@ -140,14 +152,23 @@ struct RsEpilogue {
     }
   }
 
-  // The side role (warp 1 of the producer warpgroup): CTA 0 pushes this call's record into every
-  // peer; then the warp walks the CTA's tiles in the consumers' order and, for each own tile, lane
-  // q waits for peer q's record (once) and flags, and lane 0 counts the tile ready for the consumers.
+  // The side roles, warps 1..3 of the producer warpgroup: warp 1 waits for the peers (waits), warp
+  // 2 raises this CTA's flags on them (releaser). The two never wait for each other, so a wait on a
+  // peer never holds back a flag that peer waits for.
   template <class Cfg, class SchedT>
   static RAWFLUX_DEVICE void side(const Params& ep, const GemmParams& p, u32 scratch) {
+    if (threadIdx.x / 32 == 2) releaser<Cfg>(ep, scratch);
+    if (threadIdx.x / 32 == 1) waits<Cfg, SchedT>(ep, p, scratch);
+  }
+
+  // Warp 1: CTA 0 pushes this call's record into every peer; then the warp walks the CTA's tiles in
+  // the consumers' order and, for each own tile, lane q waits for peer q's record (once) and flags,
+  // and lane 0 counts the tile ready for the consumers.
+  template <class Cfg, class SchedT>
+  static RAWFLUX_DEVICE void waits(const Params& ep, const GemmParams& p, u32 scratch) {
     const u32 lane = threadIdx.x % 32;
     const i32 q = (i32)lane;
-    const u32 e = epoch(ep);  // before the side role's done mark, which finish waits for before the advance
+    const u32 e = epoch(ep);  // the word itself (finish waits for this role's done mark before advancing it)
     const bool peer = q < ep.world && q != ep.rank;
     if (blockIdx.x == 0 && peer) {
       u32* rec = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank));
@@ -182,8 +203,44 @@ struct RsEpilogue {
         ptx::st_release_cta_shared_u32(state + 32, ready);
       }
     }
-    // release (cta): this role's read of the epoch word before finish's advance of it
+    // release (cta): this role's reads of the epoch word and the sync buffer before finish's count of the CTA done
     if (lane == 0) ptx::st_release_cta_shared_u32(state + 40, 1u);
+  }
+
+  // Warp 2, lane c < kConsumers: raises the flags consumer c posts, in order, until it closes its
+  // mailbox (finish), then lane 0 marks the role done.
+  template <class Cfg>
+  static RAWFLUX_DEVICE void releaser(const Params& ep, u32 scratch) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 state = scratch + state_offset<Cfg>();
+    if (lane < (u32)Cfg::kConsumers) {
+      const u32 box = state + kMailOffset + kMailBytes * lane;
+      const u32 e = epoch_of(state);
+      const i64 limit = role_timeout_ns(ep);
+      u64 start = 0;
+      for (u32 raised = 0;;) {
+        // acquire (cta): closed, then the count: a mailbox seen closed shows its final count
+        const u32 closed = ptx::ld_acquire_cta_shared_u32(box + 8);
+        // acquire (cta): the consumer's wait for its stores (and the slot) before each post
+        const u32 posted = ptx::ld_acquire_cta_shared_u32(box);
+        if (raised == posted && closed != 0u) break;
+        if (raised == posted) {
+          const u64 now = ptx::globaltimer_ns();
+          if (start == 0) start = now;
+          if ((i64)(now - start) > limit) asm volatile("trap;");  // a consumer never closed its mailbox
+          nanosleep_ns(64);
+          continue;
+        }
+        start = 0;
+        const u64 flag = ptx::ld_shared_u64(box + 16 + 8 * (raised % kMailSlots));
+        signal_set(reinterpret_cast<u32*>(flag), e);  // release (sys): the partial the post published reaches its owner before the flag
+        ++raised;
+        ptx::st_release_cta_shared_u32(box + 4, raised);  // release (cta): this slot's read before the consumer writes it again
+      }
+    }
+    __syncwarp();
+    // release (cta): every flag raised before finish's count of the CTA done
+    if (lane == 0) ptx::st_release_cta_shared_u32(state + 52, 1u);
   }
 
   // Lane q: peer q made the same call (its record, pushed at its kernel's start).
@@ -213,16 +270,26 @@ struct RsEpilogue {
     return wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
   }
 
-  // Thread 0 of a warpgroup: raise the flag its previous remote tile still owes.
+  // Thread 0 of consumer warpgroup c: post the flag its previous remote tile still owes to the
+  // releaser, once the tile's partial is written.
   template <class Cfg>
-  static RAWFLUX_DEVICE void release_pending(u32 state, u32 e) {
+  static RAWFLUX_DEVICE void release_pending(const Params& ep, u32 state_base, u32 c) {
+    const u32 state = state_base + 16 * c;
     const u64 flag = ptx::ld_shared_u64(state);
     if (flag == 0) return;
     if constexpr (kPart != kRsPartF32) {
       ptx::bulk_wait_all();             // the tile's boxes are written into the owner's slot, not only read from shared memory
       fence_proxy_async_global();  // orders those async-proxy writes before this thread's generic release below
     }
-    signal_set(reinterpret_cast<u32*>(flag), e);  // release (sys): the partial reaches its owner before the flag
+    const u32 box = state_base + kMailOffset + kMailBytes * c;
+    const u32 posted = ptx::ld_shared_u32(box);  // written by this thread only
+    // acquire (cta): the releaser's reads of the slots it has counted, before one is written again
+    if (posted - ptx::ld_acquire_cta_shared_u32(box + 4) < (u32)kMailSlots) {
+      ptx::st_shared_u64(box + 16 + 8 * (posted % kMailSlots), flag);
+      ptx::st_release_cta_shared_u32(box, posted + 1u);  // release (cta): the partial's writes and the slot before the releaser's acquire
+    } else {  // the releaser is kMailSlots flags behind: no wait here, this thread raises the flag
+      signal_set(reinterpret_cast<u32*>(flag), epoch_of(state_base));  // release (sys): the partial reaches its owner before the flag
+    }
     ptx::st_shared_u64(state, 0ull);
   }
 
@@ -244,7 +311,7 @@ struct RsEpilogue {
   // peer waits for (the waits stay acyclic).
   template <class Cfg>
   static RAWFLUX_DEVICE void extra_begin(const Params& ep, u32 tid, u32 consumer, u32 scratch) {
-    if (tid == 0) release_pending<Cfg>(scratch + state_offset<Cfg>() + 16 * consumer, epoch(ep));
+    if (tid == 0) release_pending<Cfg>(ep, scratch + state_offset<Cfg>(), consumer);
   }
 
   // Producer thread, before an own tile's first extra block: the side role has seen its peers'
@@ -254,7 +321,6 @@ struct RsEpilogue {
     const u32 state = scratch + state_offset<Cfg>();
     const u32 seen = ptx::ld_shared_u32(state + 44) + 1u;
     ptx::st_shared_u32(state + 44, seen);
-    ptx::st_shared_u32(state + 48, epoch(ep));  // for extra_load: one read of the epoch word per own tile
     ptx::wait_count_geq<false>(state + 32, seen, p.timeout_ns);  // acquire (cta): the side role's acquires of the peers' flags
     fence_proxy_async_global();  // the partials those flags published (generic order) before the TMA loads below read them
   }
@@ -388,20 +454,13 @@ struct RsEpilogue {
     const i32 lrow0 = l * Cfg::kBM + (tc.row0 - tc.tile_m * Cfg::kBM);
     const u32 state_base = tc.scratch + state_offset<Cfg>();
     const u32 state = state_base + 16 * tc.consumer;
-    // the epoch, read from global memory by the warpgroup's first tile and kept at state + 12
-    // (a thread that still sees 0 there reads it again: the same value)
-    u32 e = ptx::ld_shared_u32(state + 12);
-    if (e == 0u) {
-      e = epoch(ep);
-      if (tc.tid == 0) ptx::st_shared_u32(state + 12, e);
-    }
-    const u32 parity = e & 1u;
+    const u32 parity = epoch_of(state_base) & 1u;
     const i32 tile = l * p.tiles_n + tc.tile_n;
     if constexpr (kPart == kRsPartF32) {
       // the previous tile's register stores of every thread before thread 0's release of its flag
       ptx::named_barrier_sync(kWarpgroupBarrierBase + tc.consumer, 128);
     }
-    if (tc.tid == 0) release_pending<Cfg>(state, e);
+    if (tc.tid == 0) release_pending<Cfg>(ep, state_base, tc.consumer);
     if (owner != ep.rank) {
       if (lrow0 >= ep.m_loc) return;  // padding of the owner's last cluster row: no rows, no flag
       if constexpr (kPart == kRsPartF32) {
@@ -444,18 +503,22 @@ struct RsEpilogue {
 
   template <class Cfg>
   static RAWFLUX_DEVICE void finish(const Params& ep, u32 tid, u32 consumer, u32 scratch) {
-    const u32 e = epoch(ep);
+    const u32 state = scratch + state_offset<Cfg>();
+    const u32 e = epoch_of(state);
     if constexpr (kPart == kRsPartF32) {
       ptx::named_barrier_sync(kWarpgroupBarrierBase + consumer, 128);  // the last tile's register stores before its flag
     }
     if (tid == 0) {
-      release_pending<Cfg>(scratch + state_offset<Cfg>() + 16 * consumer, e);
+      release_pending<Cfg>(ep, state, consumer);
+      // release (cta): the last post before the mark that ends the releaser's loop
+      ptx::st_release_cta_shared_u32(state + kMailOffset + kMailBytes * consumer + 8, 1u);
       ptx::bulk_wait_all();  // out's boxes written before the CTA ends
     }
-    // every consumer thread of the CTA is past its last read of the epoch word and of the slots
+    // every consumer thread of the CTA is past its last read of the slots
     ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
     if (consumer == 0 && tid == 0) {
-      ptx::wait_count_geq<false>(scratch + state_offset<Cfg>() + 40, 1u, (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull));  // acquire (cta): the side role is done with the epoch word
+      ptx::wait_count_geq<false>(state + 40, 1u, role_timeout_ns(ep));  // acquire (cta): the waits role is done with the epoch word
+      ptx::wait_count_geq<false>(state + 52, 1u, role_timeout_ns(ep));  // acquire (cta): the releaser has raised every flag
       u32* done = reinterpret_cast<u32*>(ep.sync + kRsDoneOffset);
       // acq_rel: every CTA's reads of the epoch word happen before the last one advances it
       const u32 prev = ptx::atom_add_acq_rel_gpu(done, 1u);

@@ -7,7 +7,8 @@
 //     Epilogue  LocalStore | TmaStore (gemm/epilogue/) | RsEpilogue<p> (fused/rs_epilogue.cuh): where C goes
 //
 //   warpgroup 0, the producer (gemm/producer.cuh): one thread issues the TMA loads of each stage;
-//     its warp 1 runs the epilogue's side role (GEMM-RS: the own tiles' flag waits), if it has one.
+//     its warps 1..3 run the epilogue's side roles (GEMM-RS: the own tiles' flag waits, the flag
+//     releases), if it has any.
 //   warpgroups 1..kConsumers, the consumers (below; 232 registers requested, ptxas allocates within
 //     the launch's 168 unless the accumulators alone need more): per work unit and k block a
 //     warpgroup waits for the full stage, issues its 4 k16 steps of wgmma (one wgmma per step, two
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       produce<Cfg, SchedT, Prologue, Epilogue>(smem_raw, tmap_a, tmap_b, tmap_a_tail, p, pro, epi);
-    } else if (threadIdx.x / 32 == 1) {
-      Epilogue::template side<Cfg, SchedT>(epi, p, ptx::smem_u32(smem) + kScratchOffset<Cfg>);  // the epilogue's own role, if any
+    } else if (threadIdx.x >= 32) {
+      Epilogue::template side<Cfg, SchedT>(epi, p, ptx::smem_u32(smem) + kScratchOffset<Cfg>);  // the epilogue's own roles, if any
     }
     __syncwarp();
   } else {

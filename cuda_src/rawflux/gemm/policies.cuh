@@ -31,7 +31,8 @@
 //     template <class Cfg> static __device__ void init(const Params&, u32 scratch);   // thread 0, before
 //                            // the kernel's start barrier: initialise its shared state
 //     template <class Cfg, class SchedT> static __device__ void side(const Params&, const GemmParams&, u32 scratch);
-//                            // warp 1 of the producer warpgroup (40 registers): a role of its own
+//                            // warps 1..3 of the producer warpgroup (40 registers; threadIdx.x / 32
+//                            // says which): roles of its own
 //     template <class Cfg> static __device__ void finish(const Params&, u32 tid, u32 consumer, u32 scratch);
 //                            // every consumer thread, once, after its last tile (drain asynchronous stores)
 //   };

@@ -255,6 +255,11 @@ RAWFLUX_DEVICE void st_shared_u32(u32 addr, u32 v) { asm volatile("st.shared.u32
 RAWFLUX_DEVICE void st_release_cta_shared_u32(u32 addr, u32 v) {
   asm volatile("st.release.cta.shared::cta.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+RAWFLUX_DEVICE u32 ld_acquire_cta_shared_u32(u32 addr) {
+  u32 v;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 
 RAWFLUX_DEVICE void ld_shared_v4f(u32 addr, float& a, float& b, float& c, float& d) {
