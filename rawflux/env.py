@@ -70,8 +70,27 @@ def debug() -> bool:
 
 def tune_mode() -> str:
     """RAWFLUX_TUNE: 'off' (heuristic only), 'cached' (use stored results, default), 'on' (tune
-    unseen shapes on first call)."""
-    return os.environ.get("RAWFLUX_TUNE", "cached").strip().lower()
+    unseen shapes on first call); any other value raises ValueError."""
+    raw = os.environ.get("RAWFLUX_TUNE") or "cached"
+    mode = raw.strip().lower()
+    if mode not in ("off", "cached", "on"):
+        raise ValueError(f"RAWFLUX_TUNE must be off, cached or on, got {raw!r}")
+    return mode
+
+
+def tune_budget_s() -> float:
+    """RAWFLUX_TUNE_BUDGET_S: seconds a fused op may spend tuning one problem (default 120; the
+    tuner stops before the candidate that would overrun it)."""
+    raw = os.environ.get("RAWFLUX_TUNE_BUDGET_S")
+    if raw is None or raw.strip() == "":
+        return 120.0
+    try:
+        val = float(raw)
+    except ValueError:
+        val = float("nan")
+    if not val > 0:  # NaN fails this too
+        raise ValueError(f"RAWFLUX_TUNE_BUDGET_S must be a positive number of seconds, got {raw!r}")
+    return val
 
 
 def progress() -> str:

@@ -101,6 +101,7 @@ def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_la
     op._closed, op._buffers, op._streams, op._group_ctrl, op.calls = False, [], [], ctrl, 0
     op.dtype, op.partials, op.max_m, op.n, op.k, op.b_layout = dt, partials, max_m, n, k, b_layout
     op._configure(config, None, ctas)
+    op.tunable = False  # no group to agree a tuned configuration with: the model's pick
     recv_ptrs = [int(b.data.ptr) for b in recv]
     sync_ptrs = [int(b.data.ptr) for b in sync]
     op.recv = _Buf(ptr=recv_ptrs[rank], peer_ptrs=recv_ptrs, peer_table_ptr=_table(recv_ptrs, keep))

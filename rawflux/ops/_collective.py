@@ -249,6 +249,91 @@ class CollectiveOp:
     def closed(self) -> bool:
         return self._closed
 
+    # --- on-line tuning (rawflux/tune/collective.py) ------------------------------------------
+    def tune_key(self, shape: dict, dtype: str) -> str:
+        """The fused-op table's key of this op's calls of ``shape``: GPU, SMs, world, ranks per GPU,
+        topology and versions besides the op and the shape, so no result leaks to another setup."""
+        from .. import tune
+        from .._version import __version__
+        from ..jit import nvrtc_version
+
+        g, dev = self.group, tune.device_info(self.device_id)
+        bus = list(getattr(g, "bus_ids", ()) or ())
+        per_gpu = sum(1 for b in bus if b == bus[self.rank]) if bus else 1
+        topology = "shared-gpu" if per_gpu > 1 else ("p2p" if getattr(g, "peer_access", True) else "no-p2p")
+        versions = {"rawflux": __version__, "driver": _driver_version(), "nvrtc": ".".join(map(str, nvrtc_version()))}
+        return tune.fused_key(self.OP_NAME, shape=shape, dtype=dtype, world=self.world, ranks_per_gpu=per_gpu, topology=topology,
+                              gpu=dev.name, sms=dev.sms, versions=versions)
+
+    def agree_tuning(self, key: str, stored, what: str):
+        """(the stored result every rank holds, or None; whether every rank tunes on first use).
+        ``stored``: this rank's result (JSON-able) or None. Collective and bounded: ranks whose
+        caches or RAWFLUX_TUNE differ fall back alike. Compared by a 63-bit digest of its JSON."""
+        import hashlib
+        import json
+
+        from .. import env
+
+        digest = 0
+        if stored is not None:
+            raw = hashlib.sha1(json.dumps([key, stored], sort_keys=True).encode()).digest()
+            digest = int.from_bytes(raw[:8], "little") & (2**63 - 1) | 1  # never 0: 0 is "none"
+        mode = ("off", "cached", "on").index(env.tune_mode())
+        every = bounded_allgather(self.group, (digest, mode), f"{self.OP_NAME} tuning agreement ({what})")
+        same = digest != 0 and all(v[0] == digest for v in every)
+        return (stored if same else None), all(v[1] == 2 for v in every)
+
+    def gather_for_tuning(self, what: str):
+        """gather(floats) for tune.collective.decide: every rank's tuple of floats, bounded (sent as
+        their 64-bit patterns: bounded_allgather moves integers)."""
+        def gather(vals):
+            bits = np.asarray(vals, dtype=np.float64).view(np.int64).tolist()
+            rows = bounded_allgather(self.group, bits, f"{self.OP_NAME} tuning ({what})")
+            return [tuple(np.asarray(r, dtype=np.int64).view(np.float64).tolist()) for r in rows]
+
+        return gather
+
+    def tune_first_use(self, m: int, stream: int) -> None:
+        """RAWFLUX_TUNE=on, the first call of m: tune unless every rank holds a stored result
+        (collective: every rank makes the same first calls). Skipped inside a graph capture. The op
+        provides _stored(m), _use_config(m, cfg), _tune_id(m) and tune(m, stream=)."""
+        if is_capturing(stream):
+            return
+        stored = self._stored(m)  # agreed by every rank
+        if stored is not None:
+            self._use_config(m, stored)
+            return
+        _, every_on = self.agree_tuning(self._tune_id(m), None, f"m={m}, first use")
+        if every_on:
+            self.tune(m, stream=stream)
+
+    def time_candidates(self, cands, use, call, *, reps: int, budget_s: float, stream: int, label, what: str):
+        """tune.collective.decide over ``cands``: ``use(c)`` makes the op's next calls run c,
+        ``call()`` makes one call on ``stream``; each candidate gets 3 warm-up calls, a device
+        barrier (the ranks start together) and ``reps`` calls between two events."""
+        import cupy
+
+        from ..tune.collective import decide
+
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        ext = cupy.cuda.ExternalStream(stream)
+
+        def time_us(c) -> float:
+            use(c)
+            for _ in range(3):
+                call()
+            self.group.barrier(stream)  # the ranks start the timed calls together
+            start.record(ext)
+            for _ in range(reps):
+                call()
+            end.record(ext)
+            end.synchronize()
+            self.raise_if_failed()
+            return cupy.cuda.get_elapsed_time(start, end) * 1e3 / reps
+
+        return decide(cands, time_us, self.gather_for_tuning(what), budget_s=budget_s, label=label, progress=self.rank == 0,
+                      title=f"tune {self.OP_NAME} {what}")
+
     def pipeline_timeout_ns(self) -> int:
         """Bound for the GEMM's internal pipeline waits (they trap): longer than any flag wait, so
         a late peer is reported by the flag wait's clear error, never by a trap."""
@@ -419,6 +504,17 @@ def _bounded(group, req, timeout_s: float, what: str) -> None:
 
 _abandoned: list = []
 _broken: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _driver_version() -> str:
+    """The CUDA driver's version as major.minor ("unknown" without one)."""
+    try:
+        from cupy.cuda import runtime
+
+        v = int(runtime.driverGetVersion())
+        return f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:  # noqa: BLE001 - no driver: the key still separates it
+        return "unknown"
 
 
 def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -> list:

@@ -332,6 +332,7 @@ class AGGemm(CollectiveOp):
     direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" (default
     RAWFLUX_AG_COPY, ce). Collective: every rank constructs the same op objects in the same order.
     Call it: ``op(a_shard, b, bias=None, out=None, gathered_out=None, return_gathered=False, stream=None)``.
+    Tuning: ``op.tune(m)`` (collective), or RAWFLUX_TUNE=on at the first call of each m.
     """
 
     OP_NAME = "ag_gemm"
@@ -363,6 +364,8 @@ class AGGemm(CollectiveOp):
         self.row_bytes = k * dt.itemsize
         self.last_config: GemmConfig | None = None
         self._cfgs: dict[int, GemmConfig] = {}
+        self._forced: dict[int, GemmConfig] = {}  # per m: a tuned (or being timed) configuration
+        self.last_tune: list = []  # the rows of this op's latest tuning run
         self._lock = threading.Lock()
         sides = (int(ce_streams) if copy == "ce" else 1) if world > 1 else 0
         super().__init__(g, side_streams=sides)
@@ -419,13 +422,95 @@ class AGGemm(CollectiveOp):
         if cfg is None:
             if len(self._cfgs) > 4096:
                 self._cfgs.clear()
-            base = engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
-            ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
-            # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
-            tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
-            cfg = replace(base, tile=tile, decomp=tune.DP, ctas=ctas)
+            base = self._forced.get(m) or self._stored(m) or self._default(m)
+            cfg = self._adapt(base)
             self._cfgs[m] = cfg
         return cfg
+
+    def _default(self, m: int) -> GemmConfig:
+        return engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
+
+    def _adapt(self, base: GemmConfig) -> GemmConfig:
+        """A GEMM configuration as the fused call runs it: data-parallel, on the SMs it leaves free."""
+        ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
+        # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
+        tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
+        return replace(base, tile=tile, decomp=tune.DP, ctas=ctas)
+
+    # --- tuning (RAWFLUX_TUNE; rawflux/tune/collective.py) -------------------------------------------
+    def _tune_id(self, m: int) -> str:
+        shape = {"m": m, "n": self.n, "k": self.k, "layout": self.b_layout, "out": self.out_dtype.tag, "direction": self.direction,
+                 "copy": self.copy, "copy_sms": self.copy_sms}
+        return self.tune_key(shape, self.dtype.tag)
+
+    def _stored(self, m: int) -> GemmConfig | None:
+        """The tuned configuration for calls of m that every rank holds, else None. Collective."""
+        if self.world == 1 or env.tune_mode() == "off":
+            return None
+        hit = tune.fused_store().get(self._tune_id(m))
+        try:
+            cfg = GemmConfig.from_json(hit["config"]) if hit else None
+        except (KeyError, TypeError, ValueError):
+            cfg = None
+        if cfg is not None and cfg.tile not in tune.TILES:
+            cfg = None
+        agreed, _ = self.agree_tuning(self._tune_id(m), cfg.to_json() if cfg else None, f"m={m}")
+        return GemmConfig.from_json(agreed) if agreed else None
+
+    def _use_config(self, m: int, cfg: GemmConfig) -> None:
+        """Calls of m run ``cfg`` (adapted) from now on (tuning)."""
+        with self._lock:
+            self._forced[m] = cfg
+            self._cfgs.pop(m, None)
+
+    def tune_candidates(self, m: int, top: int = 6) -> list[GemmConfig]:
+        """The default pick first, then the model's next best tiles as the fused call runs them."""
+        first = self._default(m)
+        dev = tune.device_info(self.device_id)
+        ranked = sorted(tune.candidates(m, self.n, self.k, self.b_layout, dev, self.out_dtype.itemsize),
+                        key=lambda c: tune.estimate_us(m, self.n, self.k, self._adapt(c), dev, self.out_dtype.itemsize))
+        out, seen = [first], {self._adapt(first).tile}
+        for c in ranked:
+            t = self._adapt(c).tile
+            if len(out) >= top:
+                break
+            if t not in seen:
+                seen.add(t)
+                out.append(c)
+        return out
+
+    def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None) -> GemmConfig:
+        """Collective (every rank, the same m): time up to ``top`` GEMM configurations for calls of
+        m on scratch inputs and keep the one whose slowest rank is fastest, for this op and in the
+        fused-op table (RAWFLUX_TUNE=cached reads it). Not in a graph capture. ``last_tune`` holds
+        the timed rows."""
+        if self.world == 1:
+            raise ValueError("AGGemm.tune: world 1 runs the plain GEMM; tune it with RAWFLUX_TUNE=on (rawflux.gemm)")
+        m = int(m)
+        if m <= 0 or m % self.world or m > self.max_m:
+            raise ValueError(f"AGGemm.tune: m = {m} must be a positive multiple of W = {self.world} up to max_m = {self.max_m}")
+        import cupy
+
+        from ..tune.collective import format_rows
+        from .gemm_rs import _scratch
+
+        budget = env.tune_budget_s() if budget_s is None else float(budget_s)
+        s = resolve_stream(stream, ())
+        with self._device():
+            a = _scratch((m // self.world, self.k), self.dtype, 1)
+            b = _scratch((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
+            out = cupy.empty((m, self.n), dtype=self.out_dtype.np)
+
+            best, rows = self.time_candidates(self.tune_candidates(m, top), lambda c: self._use_config(m, c), lambda: self(a, b, out=out, stream=s), reps=reps,
+                                              budget_s=budget, stream=s, label=lambda c: self._adapt(c).tag(),
+                                              what=f"m={m} n={self.n} k={self.k}")
+        self._use_config(m, best)
+        self.last_tune = rows
+        won = min(rows, key=lambda r: r.slowest_us)
+        # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
+        tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us,
+                                                  "table": format_rows(rows, self._adapt(best).tag())})
+        return best
 
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,
@@ -449,6 +534,8 @@ class AGGemm(CollectiveOp):
             tc, out_obj = new_output((m, self.n), self.out_dtype, ta, stream=s)
         fields = (m_loc, self.k, DTYPE_CODE[dt], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
         if config is None:
+            if m not in self._cfgs and m not in self._forced and env.tune_mode() == "on":
+                self.tune_first_use(m, s)
             cfg = self.config(m)
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas

@@ -34,12 +34,13 @@ import struct
 import threading
 from dataclasses import dataclass, replace
 
-from .. import engine, tune
+from .. import engine, env, tune
 from ..dist.layout import OP_GEMM_RS
 from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
+from ..tune.collective import format_rows
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
 from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group
 
@@ -322,7 +323,8 @@ class GemmRS(CollectiveOp):
     output's type (default) or "fp32" (see the module docstring). config: a fixed GemmConfig for
     every call (tests, benchmarks; its decomposition is ignored). ctas: CTAs of this rank's grid
     (default: every SM). Buffers: 2 * max_m * n * (2 or 4) bytes of receive slots and a few flags
-    per tile per rank.
+    per tile per rank. Tuning: ``op.tune(m)`` (collective), or RAWFLUX_TUNE=on at the first call of
+    each m; a stored result is used where every rank holds it (RAWFLUX_TUNE=cached, the default).
     """
 
     OP_NAME = "gemm_rs"
@@ -379,6 +381,9 @@ class GemmRS(CollectiveOp):
         self.tiles_cap = tiles_cap_for(self.max_m, self.world, self.n, self._tiles)
         self._plans: dict[int, tuple] = {}
         self._plans_lock = threading.Lock()
+        self._forced: dict[int, GemmConfig] = {}  # per m: a tuned (or being timed) configuration
+        self.tunable = True  # a group to agree with (rawflux/bench/rs_local.py's harness has none)
+        self.last_tune: list = []  # the rows of this op's latest tuning run
         self.recv = self.sync = None
 
     # --- planning -------------------------------------------------------------------------------
@@ -394,8 +399,9 @@ class GemmRS(CollectiveOp):
         if hit is not None:
             return hit
         check_m(m, self.max_m, self.world)
+        config = self.config or self._forced.get(m) or self._stored(m)
         p = plan_call(m, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, partials=self.partials, world=self.world,
-                      rank=self.rank, dev=self.dev, ctas=self.ctas, tiles_cap=self.tiles_cap, config=self.config,
+                      rank=self.rank, dev=self.dev, ctas=self.ctas, tiles_cap=self.tiles_cap, config=config,
                       tile_ctas=self.tile_ctas, own_delay=self.own_delay, timeout_ns=self.pipeline_timeout_ns(), tiles=self._tiles)
         gplan = engine.plan(p.cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
                             device_id=self.device_id, stream=0, relpath=KERNEL_FILE, sched=RS_SCHED,
@@ -431,6 +437,76 @@ class GemmRS(CollectiveOp):
         return tensor_map_3d(self.recv.peer_ptrs[owner], engine.abi.TMAP_CODE[self.dtype], self.n, m_loc, 2 * self.world,
                              self.max_m // self.world, 64, 64)
 
+    # --- tuning (RAWFLUX_TUNE; rawflux/tune/collective.py) -----------------------------------------
+    def _tune_id(self, m: int) -> str:
+        shape = {"m": m, "n": self.n, "k": self.k, "layout": self.b_layout, "partials": self.partials, "ctas": self.tile_ctas}
+        return self.tune_key(shape, self.dtype.tag)
+
+    def _stored(self, m: int) -> GemmConfig | None:
+        """The tuned configuration for calls of m that every rank holds, else None (the model's
+        pick). Collective (the plan of a new m is: every rank plans the same calls)."""
+        if not self.tunable or env.tune_mode() == "off":
+            return None
+        hit = tune.fused_store().get(self._tune_id(m))
+        cfg = None
+        try:
+            cfg = GemmConfig.from_json(hit["config"]) if hit else None
+        except (KeyError, TypeError, ValueError):
+            cfg = None
+        if cfg is not None and cfg.tile not in self._tiles:
+            cfg = None  # compiled for another setup (e.g. cluster tiles where ranks share a GPU)
+        agreed, _ = self.agree_tuning(self._tune_id(m), cfg.to_json() if cfg else None, f"m={m}")
+        return GemmConfig.from_json(agreed) if agreed else None
+
+    def tune_candidates(self, m: int, top: int = 6) -> list[GemmConfig]:
+        """The model's pick first, then the other GEMM-RS tiles by the model's time, `top` in all."""
+        part_bytes = PARTIALS[self.partials][1]
+        pick = lambda tiles: choose_config(m, self.n, self.k, self.b_layout, self.dev, self.tile_ctas, self.world, part_bytes, tiles)  # noqa: E731
+        first = pick(self._tiles)
+        rest = []
+        for t in self._tiles:
+            if t == first.tile or not t.supports(self.b_layout) or t.cluster_size > self.tile_ctas:
+                continue
+            c = pick([t])
+            m_eff = self.world * rows_per_owner(m // self.world, t) * t.bm
+            rest.append((tune.estimate_us(m_eff, self.n, self.k, c, self.dev, out_bytes=part_bytes), c))
+        return [first] + [c for _, c in sorted(rest, key=lambda x: x[0])][: max(0, top - 1)]
+
+    def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None) -> GemmConfig:
+        """Collective (every rank, the same m): time up to ``top`` configurations for calls of m on
+        scratch inputs and keep the one whose slowest rank is fastest, for this op and in the
+        fused-op table (RAWFLUX_TUNE=cached reads it at the next process's first call of m). Not
+        in a graph capture. Returns the chosen configuration; ``last_tune`` holds the timed rows."""
+        if self.world == 1:
+            raise ValueError("GemmRS.tune: world 1 runs the plain GEMM; tune it with RAWFLUX_TUNE=on (rawflux.gemm)")
+        if self.config is not None:
+            raise ValueError("GemmRS.tune: this op was built with a fixed config")
+        m = int(m)
+        check_m(m, self.max_m, self.world)
+        import cupy
+
+        budget = env.tune_budget_s() if budget_s is None else float(budget_s)
+        s = resolve_stream(stream, ())
+        with self._device():
+            a = _scratch((m, self.k), self.dtype, 1)
+            b = _scratch((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
+            out = cupy.empty((m // self.world, self.n), dtype=self.dtype.np)
+
+            best, rows = self.time_candidates(self.tune_candidates(m, top), lambda c: self._use_config(m, c), lambda: self(a, b, out=out, stream=s), reps=reps,
+                                              budget_s=budget, stream=s, label=lambda c: c.tile.tag(), what=f"m={m} n={self.n} k={self.k}")
+        self._use_config(m, best)
+        self.last_tune = rows
+        won = min(rows, key=lambda r: r.slowest_us)
+        # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
+        tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, best.tile.tag())})
+        return best
+
+    def _use_config(self, m: int, cfg: GemmConfig) -> None:
+        """Calls of m run ``cfg`` from now on (tuning)."""
+        with self._plans_lock:
+            self._forced[m] = cfg
+            self._plans.pop(m, None)
+
     def warmup(self, ms) -> None:
         """Compile and load the kernels for calls of these m (do it before a graph capture)."""
         for m in ms:
@@ -460,6 +536,8 @@ class GemmRS(CollectiveOp):
             self.begin(s, (m,))
             self._local_gemm(ta, tb, tc, c.bias_ptr, c.bias_kind, lda, ldb, ldc, s)
             return wrap_output(ta, tc, stream=s)
+        if m not in self._plans and self.config is None and self.tunable and m not in self._forced and env.tune_mode() == "on":
+            self.tune_first_use(m, s)
         p, gplan, rest = self._plan_entry(m)
         self.begin(s, p.fields)
         out_map = tensor_map(tc.ptr, dt, m_loc, n, ldc, 64, 64)
@@ -546,3 +624,14 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
 def clear_cache() -> None:
     """Close the op objects the functional form made (collective)."""
     _ops.clear()
+
+
+def _scratch(shape, dtype: DType, seed: int):
+    """A random 16-bit matrix on the current device for timing (normal values, truncated to 16 bits)."""
+    import cupy
+
+    x = cupy.random.default_rng(seed).standard_normal(shape, dtype=cupy.float32)
+    if dtype == DType.F16:
+        return x.astype(cupy.float16)
+    return (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(dtype.np)
+

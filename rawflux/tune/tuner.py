@@ -1,11 +1,11 @@
 """The measured tuner: results keyed on (m, n, k, dtype, layout, out dtype, SMs, cc), persisted in
 <cache dir>/gemm_tune.json. RAWFLUX_TUNE=cached reads them; 'on' also tunes unseen problems on
-first use (rawflux/env.py)."""
+first use (rawflux/env.py). The fused ops keep theirs in <cache dir>/fused_tune.json (fused_store,
+fused_key). Both files are TuneStores (store.py): processes sharing a cache folder merge into them."""
 from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from pathlib import Path
 
@@ -14,35 +14,49 @@ from ..runtime.progress import Progress, is_rank0
 from .configs import TILES, GemmConfig
 from .heuristics import candidates, heuristic
 from .model import DeviceInfo, estimate_us
+from .store import TuneStore
 
 
 def tune_key(m, n, k, dtype: str, b_layout: str, out_dtype: str, dev: DeviceInfo) -> str:
     return f"{m},{n},{k},{dtype},{b_layout},{out_dtype},sm{dev.sms},cc{dev.cc[0]}{dev.cc[1]}"
 
 
-_tune_lock = threading.Lock()
-_tune_table: dict[str, dict] | None = None
+def fused_key(op: str, *, shape: dict, dtype: str, world: int, ranks_per_gpu: int, topology: str, gpu: str, sms: int,
+              versions: dict) -> str:
+    """The fused-op table's key: every field that can change which configuration wins, so no
+    result leaks to another setup. JSON with sorted dicts: equal inputs give one string, and no
+    field's text can pass for another's."""
+    return json.dumps([op, shape, dtype, world, ranks_per_gpu, topology, gpu, sms, versions],
+                      sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _tune_path() -> Path:
-    return env.cache_dir() / "gemm_tune.json"
+_stores_lock = threading.Lock()
+_stores: dict[Path, TuneStore] = {}
 
 
-def _load_table() -> dict[str, dict]:
-    global _tune_table
-    with _tune_lock:
-        if _tune_table is None:
-            try:
-                _tune_table = json.loads(_tune_path().read_text())
-            except (OSError, ValueError):
-                _tune_table = {}
-        return _tune_table
+def _store_at(name: str) -> TuneStore:
+    # One store per path: the cache folder is read at each call (RAWFLUX_CACHE_DIR may change).
+    path = env.cache_dir() / name
+    with _stores_lock:
+        if path not in _stores:
+            _stores[path] = TuneStore(path)
+        return _stores[path]
+
+
+def gemm_store() -> TuneStore:
+    """The plain GEMM's results: <cache dir>/gemm_tune.json, entries {"config": ..., "us": ...}."""
+    return _store_at("gemm_tune.json")
+
+
+def fused_store() -> TuneStore:
+    """The fused ops' results (rawflux.ops.ag_gemm, gemm_rs): <cache dir>/fused_tune.json, keyed by fused_key."""
+    return _store_at("fused_tune.json")
 
 
 def lookup(key: str) -> GemmConfig | None:
     if env.tune_mode() == "off":
         return None
-    hit = _load_table().get(key)
+    hit = gemm_store().get(key)
     if hit is None:
         return None
     try:
@@ -53,17 +67,7 @@ def lookup(key: str) -> GemmConfig | None:
 
 
 def store(key: str, cfg: GemmConfig, us: float) -> None:
-    table = _load_table()
-    with _tune_lock:
-        table[key] = {"config": cfg.to_json(), "us": us}
-        path = _tune_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache folder: the result lives for this process only
+    gemm_store().put(key, {"config": cfg.to_json(), "us": us})
 
 
 def tune(m, n, k, b_layout: str, dev: DeviceInfo, time_us, *, top: int = 10, out_bytes: int = 2) -> tuple[GemmConfig, float]:

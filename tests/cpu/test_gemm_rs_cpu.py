@@ -593,3 +593,55 @@ def test_ranks_sharing_a_gpu_run_no_cluster_tiles(fake_device, monkeypatch):
         assert op.shares_gpu == (not want_cluster)
         t = op.plan(m).cfg.tile
         assert (t.cluster_size > 1) == want_cluster, t.tag()
+
+
+# --------------------------------------------------------------------------------------------
+# tuning: the stored result, agreed by every rank (rawflux/tune/collective.py runs the timing)
+
+
+class _Store:
+    """The fused-op table, in memory."""
+
+    def __init__(self, entries=None):
+        self.entries, self.puts = dict(entries or {}), []
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, entry):
+        self.entries[key] = entry
+        self.puts.append(key)
+
+
+def test_a_stored_tuning_is_used_where_every_rank_holds_it(fake_device, monkeypatch):
+    world, m, n, k = 2, 2048, 2048, 512
+    empty = _Store()
+    monkeypatch.setattr(tune, "fused_store", lambda: empty)
+    op = rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16")
+    default = op.plan(m).cfg
+    cands = op.tune_candidates(m, top=4)
+    assert cands[0].tile == default.tile and len(cands) == len({c.tile for c in cands}) <= 4
+    other = cands[1]
+    store = _Store({op._tune_id(m): {"config": other.to_json(), "us": 1.0}})
+    monkeypatch.setattr(tune, "fused_store", lambda: store)
+    assert rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16").plan(m).cfg.tile == other.tile
+    # another m, or another world, has its own entry: the model's pick
+    assert rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16").plan(m // 2).cfg.tile == op.plan(m // 2).cfg.tile
+    assert op._tune_id(m) != rs.GemmRS(OpGroup(0, 4, []), m, n, k * 2, "bf16")._tune_id(m)
+    # a peer without the entry (its digest 0): every rank falls back to the model's pick
+    real = C.bounded_allgather
+    monkeypatch.setattr(C, "bounded_allgather", lambda g, v, what, timeout_s=None: [tuple(v), (0,) + tuple(v)[1:]]
+                        if "agreement" in what else real(g, v, what, timeout_s))
+    assert rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16").plan(m).cfg.tile == default.tile
+    monkeypatch.setattr(C, "bounded_allgather", real)
+    monkeypatch.setenv("RAWFLUX_TUNE", "off")  # off: the stored result is not read
+    assert rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16").plan(m).cfg.tile == default.tile
+    assert not store.puts
+
+
+def test_tune_refuses_what_it_cannot_time(fake_device):
+    op = rs.GemmRS(OpGroup(0, 2, []), 256, 256, 128, "bf16", config=tune.GemmConfig(tune.TileConfig(64, 128, 8), tune.DP))
+    with pytest.raises(ValueError, match="fixed config"):
+        op.tune(256)
+    with pytest.raises(ValueError, match="world 1"):
+        rs.GemmRS(FakeGroup(rank=0, world=1, device_id=0, timeout_s=5.0, closed=False), 256, 256, 128, "bf16").tune(256)

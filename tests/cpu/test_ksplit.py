@@ -149,7 +149,7 @@ def test_ag_gemm_maps_a_ksplit_pick_to_its_base_tile(monkeypatch):
     assert pick.tile.cluster_k > 1
     monkeypatch.setattr(g, "pick_config", lambda *a, **kw: pick)
     op = object.__new__(ag.AGGemm)  # only what config() reads
-    op._cfgs = {}
+    op._cfgs, op._forced, op.world = {}, {}, 1  # world 1: no stored tuning to agree on
     op.n, op.k, op.dtype, op.b_layout, op.out_dtype, op.device_id = 6144, 12288, DType.BF16, "nk", DType.BF16, 0
     op.sms, op.reserved_sms = 132, 0
     cfg = op.config(128)
