@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn rslocal tax mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -65,6 +65,8 @@ for stage in "$@"; do
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
     nn)
       log nn_checks; timeout 560 python3 tests/gpu/nn_checks.py --worlds ${WORLDS:-1,2,4} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-180} 2>&1 | keep nn_checks || rc=1 ;;
+    tune)
+      log tune_checks; timeout ${TUNE_TIMEOUT:-500} python3 tests/gpu/tune_checks.py --worlds ${WORLDS:-2,4} ${REAL:+--real} --per-world-timeout ${PWT:-240} 2>&1 | keep tune_checks || rc=1 ;;
     rslocal)
       log rs_local_checks; timeout 200 python3 tests/gpu/rs_local_checks.py --worlds ${WORLDS:-2,4} 2>&1 | keep rs_local_checks || rc=1 ;;
     tax)
