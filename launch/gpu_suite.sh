@@ -60,7 +60,7 @@ for stage in "$@"; do
         log pytest $f; timeout 300 python3 -m pytest -q --color=no -p no:cacheprovider "$f" 2>&1 | TAIL=${TAIL:-15} keep "pytest-$(basename "$f" .py)" || rc=1
       done ;;
     dist)
-      log dist_checks; timeout 300 python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | first 60 || rc=1 ;;
+      log dist_checks; timeout ${DIST_TIMEOUT:-450} python3 tests/gpu/dist_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} --per-world-timeout 120 2>&1 | grep -a -E "PASS|FAIL|SKIP|summary|latency|Error|error" | first 60 || rc=1 ;;
     ag)
       log ag_gemm_checks; timeout 560 python3 tests/gpu/ag_gemm_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--quick} --per-world-timeout ${PWT:-140} 2>&1 | keep ag_gemm_checks || rc=1 ;;
     nn)

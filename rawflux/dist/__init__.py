@@ -16,7 +16,7 @@ from .group import (CallMismatch, CollectiveTimeout, Group, current_group, failu
                     register_failure_describer)
 from .layout import StatusRecord
 from .symm import SymmetricBuffer
-from .topology import DistError, TPSplit, tp_split
+from .topology import DistError, MissingRanks, TPSplit, tp_split
 
 # The variants rawflux.dist launches (python -m rawflux.check_kernels compiles them).
 _register("barrier.cu", "rawflux::barrier_kernel", archs=("sm_90a", "sm_80"))
@@ -24,5 +24,6 @@ _register("barrier.cu", "rawflux::selftest_fill_kernel", archs=("sm_90a", "sm_80
 _register("barrier.cu", "rawflux::selftest_verify_kernel", archs=("sm_90a", "sm_80"))
 _register("barrier.cu", "rawflux::selftest_wait_kernel", archs=("sm_90a", "sm_80"))
 
-__all__ = ["CallMismatch", "CollectiveTimeout", "failure_exception", "register_failure_describer", "DistError", "Group", "StatusRecord", "SymmetricBuffer", "current_group",
+__all__ = ["CallMismatch", "CollectiveTimeout", "failure_exception", "register_failure_describer", "DistError", "Group",
+           "MissingRanks", "StatusRecord", "SymmetricBuffer", "current_group",
            "finalize", "groups", "init", "TPSplit", "tp_split"]

@@ -18,10 +18,18 @@
 Every step that can fail on one rank only is agreed across ranks (``collective_try``), so a
 failure raises the same DistError on every rank instead of leaving the others in a collective.
 
-Teardown (``Group.close()``, ``finalize()``, and at interpreter exit): device sync, device
-barrier (bounded), sync, bounded MPI barrier, close peers' IPC mappings, free own buffers, free
-the status record. Safe to call twice. If neither barrier completes (a peer died), own buffers
-are leaked rather than freed under a peer that may still map them.
+Host-side exchanges of calls and teardown (symmetric(), free_symmetric(), close()) are bounded by
+the group's timeout (``topology.exchange``): a rank that died or makes another call is named in a
+MissingRanks / DistError instead of hanging the others, and the group is unusable after it.
+
+Teardown (``Group.close()``, ``finalize()``, and at interpreter exit): device sync, close the
+peers' IPC mappings, then tell every peer "done with your memory" and wait for theirs (at most
+CLOSE_WAIT_TIMEOUTS x the group's timeout: a peer may still be finishing a call that gives up);
+free own buffers only once every peer said so (CUDA forbids freeing memory a peer still maps),
+else leak them. A healthy close that finds a peer missing raises MissingRanks after freeing what
+it could. A group that has already failed (a wait gave up, a peer raised the abort flag, an
+exchange timed out) waits for no one: it only looks whether every peer's "done" already came.
+Safe to call twice. With MPI already finalized, a device barrier stands in for the exchange.
 """
 from __future__ import annotations
 
@@ -34,19 +42,10 @@ from .. import env
 from ..runtime.device import CudaUnavailable
 from . import topology
 from ._backend import cuda_backend
-from .layout import (CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATUS_BYTES, StatusRecord,
-                     decode_ctrl, pack_group_ctrl)
+from .layout import (CTRL_ABORT, CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATUS_BYTES,
+                     StatusRecord, decode_ctrl, pack_group_ctrl)
 from .symm import SymmetricBuffer, allocate, close_mappings, collective_try, free_local
-from .topology import DistError
-
-
-class CollectiveTimeout(DistError):
-    """A device-side wait gave up: a peer did not arrive in time, or the group was aborted.
-    ``.record`` holds the decoded Status (op, call_id, peer, late_ranks, ...)."""
-
-    def __init__(self, message: str, record: StatusRecord | None = None):
-        super().__init__(message)
-        self.record = record
+from .topology import CollectiveTimeout, DistError, MissingRanks
 
 
 class CallMismatch(CollectiveTimeout):
@@ -76,7 +75,9 @@ def failure_exception(rec: StatusRecord) -> CollectiveTimeout:
     return CollectiveTimeout(rec.message(), rec)
 
 
-_TEARDOWN_HOST_BARRIER_S = 30.0
+# A healthy close waits this many group timeouts for its peers: one may still be finishing a call
+# that gives up after a timeout (the default timeout gives 30 s).
+CLOSE_WAIT_TIMEOUTS = 3.0
 
 
 class Group:
@@ -88,6 +89,7 @@ class Group:
         self.comm = comm
         self._backend = backend if backend is not None else cuda_backend()
         self._closed = False
+        self._failure: str | None = None  # a host-side exchange gave up: no collective may follow
         self._buffers: list[SymmetricBuffer] = []
         self._nccl = None
         self._status_host = 0
@@ -228,6 +230,43 @@ class Group:
                 + "; ".join(self.peer_problems)
             )
 
+    # --- failures -------------------------------------------------------------------------------
+    def mark_failed(self, why: str) -> None:
+        """Record that a host-side agreement on this group gave up (the ops' bounded agreements run on
+        agree_comm): later exchanges refuse at once, and close() waits for no peer."""
+        self._failure = self._failure or str(why)
+
+    def _check_healthy(self, what: str) -> None:
+        if self._failure:
+            raise DistError(f"{what}: this group is unusable after an earlier failure: {self._failure}")
+
+    def _exchange(self, key: str, value, what: str) -> list:
+        """Bounded allgather over the private communicator (topology.exchange). One that gave up
+        may leave messages in flight, so the group is unusable after it."""
+        self._check_healthy(what)
+        try:
+            return topology.exchange(self._mpi, key, value, self._timeout_s, what)
+        except DistError as e:
+            self._failure = str(e)
+            raise
+
+    def _seen_failure(self) -> str | None:
+        """Why this group must not close collectively (a wait of this rank gave up, a peer raised the
+        abort flag, a host-side exchange gave up), or None. Local reads only."""
+        if self._failure:
+            return self._failure
+        try:
+            rec = self.status_unchecked() if self._status_host else None
+            if rec is not None and rec.failed:
+                return rec.message()
+            if self.ctrl is not None:
+                (abort,) = struct.unpack("<I", self._backend.memcpy_dtoh(self.ctrl.ptr + CTRL_ABORT, 4))
+                if abort:
+                    return f"rank {abort - 1} timed out in a collective and raised the group's abort flag"
+        except Exception as e:  # noqa: BLE001 - a broken context: nothing collective can follow
+            return f"this rank's device state cannot be read ({type(e).__name__}: {e})"
+        return None
+
     # --- configuration --------------------------------------------------------------------------
     def set_timeout(self, seconds: float) -> None:
         """Bound on every device-side wait of this group, from now on (kernels read it from
@@ -245,6 +284,7 @@ class Group:
         """Collective: ``nbytes`` of zeroed device memory on every rank, mapped into every peer
         (rawflux.dist.symm). Every rank must ask for the same size and name, in the same order."""
         self._check_usable()
+        self._check_healthy(f"symmetric buffer '{name}'")
         with self._backend.device_scope(self.device_id):
             buf = allocate(self, nbytes, name)
         self._buffers.append(buf)
@@ -258,19 +298,25 @@ class Group:
         return self.symmetric(4 * n, name)
 
     def free_symmetric(self, buf: SymmetricBuffer) -> None:
-        """Collective: free a symmetric buffer before the group closes (device sync and device
-        barrier first, so no peer still uses it)."""
+        """Collective: free a symmetric buffer before the group closes (device sync, device
+        barrier and a bounded exchange first, so no peer still uses or maps it). On a group that
+        has failed it waits for no one: it unmaps the peers' copies and leaves this rank's memory
+        to close(), which frees it only once every peer is done with it."""
         self._check_usable()
         if buf not in self._buffers:
             raise DistError(f"symmetric buffer '{buf.name}' does not belong to this group (or was freed)")
         be = self._backend
         with be.device_scope(self.device_id):
             be.synchronize()
+            if self._seen_failure() is not None:
+                close_mappings(be, buf)
+                return
             be.launch_barrier(self._group_ctrl, self.world, self.device_id, None)
             be.synchronize()
             self.raise_if_failed()
             close_mappings(be, buf)
-            topology.agree(self._mpi, buf.name, "which symmetric buffer to free")  # peers unmapped it too
+            names = self._exchange("free_symmetric()", buf.name, f"freeing symmetric buffer '{buf.name}'")
+            topology.check_agreed(names, "which symmetric buffer to free")  # peers unmapped it too
             free_local(be, buf)
         self._buffers.remove(buf)
 
@@ -343,7 +389,9 @@ class Group:
 
     # --- teardown ---------------------------------------------------------------------------------
     def close(self) -> None:
-        """Collective teardown (see the module docstring). Safe to call twice."""
+        """Teardown (see the module docstring): collective on a healthy group, local on a failed
+        one; bounded either way. Safe to call twice. Raises MissingRanks, after freeing what it
+        could, when a healthy group finds peers that do not come to close."""
         if self._closed:
             return
         self._closed = True
@@ -357,43 +405,70 @@ class Group:
                 warnings.append(f"{what}: {type(e).__name__}: {e}")
                 return None
 
+        from mpi4py import MPI
+
+        dev = getattr(self, "device_id", None)
+        mpi_up = not MPI.Is_finalized()
         device_ok = False
-        with _quiet_scope(be, getattr(self, "device_id", None)):
-            step("device synchronize", be.synchronize)
+        with _quiet_scope(be, dev):
+            step("device synchronize", be.synchronize)  # this rank's waits are bounded: it returns
+            failed = self._seen_failure()
             if self._nccl is not None:
-                step("NCCL communicator destroy", self._nccl.destroy)
+                # ncclCommDestroy may wait for peers; abort does not
+                step("NCCL communicator teardown", getattr(self._nccl, "abort", self._nccl.destroy) if failed else self._nccl.destroy)
                 self._nccl = None
-            if self._group_ctrl and self.peer_access:
-                failed_before = step("status read", lambda: self.status_unchecked().failed)
+            if not mpi_up and not failed and self._group_ctrl and self.peer_access:
+                # no MPI left to say "done": a device barrier (bounded) tells that peers' kernels ended
                 step("teardown device barrier", lambda: be.launch_barrier(self._group_ctrl, self.world, self.device_id, None))
                 step("device synchronize", be.synchronize)
                 rec = step("status read", self.status_unchecked)
-                device_ok = failed_before is False and rec is not None and not rec.failed
-        host_ok = step("teardown MPI barrier", lambda: topology.bounded_barrier(self._mpi, _TEARDOWN_HOST_BARRIER_S))
-        safe = device_ok or bool(host_ok)
-        with _quiet_scope(be, getattr(self, "device_id", None)):
-            self._release_local(free=safe, step=step)
-        if not safe:
-            warnings.append("no peer confirmed it was done with this rank's symmetric buffers: they are leaked, not freed")
-        if host_ok:
+                device_ok = rec is not None and not rec.failed
+            for buf in reversed(self._buffers):  # done with every peer's memory
+                step(f"close IPC mappings of '{buf.name}'", lambda b=buf: close_mappings(be, b))
+        done, lost = False, None
+        wait_s = CLOSE_WAIT_TIMEOUTS * self._timeout_s
+        if mpi_up:
+            def confirm():
+                # A failed group only looks at what already came: a peer may be dead.
+                topology.post(self._mpi, "close()", failed is None)
+                return topology.collect(self._mpi, "close()", 0.0 if failed else wait_s, skip_other=True)
+
+            got = step("close exchange", confirm)
+            if got is not None:
+                _, missing, others = got
+                done = not missing
+                if missing and not failed:
+                    lost = MissingRanks(topology.missing_message(
+                        missing, "rawflux's close", wait_s, others,
+                        "the group is closed here without them; this rank's share of its memory is left "
+                        "allocated (they may still map it)"), missing)
+        with _quiet_scope(be, dev):
+            self._release_local(free=done or device_ok, step=step)
+        if not (done or device_ok) and lost is None:
+            why = " (the group had failed; a peer may be dead)" if failed else ""
+            warnings.append("not every peer said it was done with this rank's symmetric buffers: they are "
+                            f"left allocated, not freed{why}")
+        if done:
             step("communicator free", self.agree_comm.Free)  # local: a request abandoned on it only delays the release
             step("communicator free", self._mpi.Free)
         _forget(self)
         if warnings:
             print(f"[rawflux.dist] rank {getattr(self, 'rank', '?')}: teardown: " + "; ".join(warnings), file=sys.stderr, flush=True)
+        if lost is not None:
+            raise lost
 
     def status_unchecked(self) -> StatusRecord:
         return StatusRecord.from_bytes(self._backend.read_host(self._status_host, STATUS_BYTES))
 
     def _release_local(self, free: bool, step=None):
+        """Unmap the peers' memory, then free what only this rank uses; this rank's shared memory
+        only if ``free`` (no peer maps it any more)."""
         be = self._backend
         step = step or (lambda what, fn: fn())
         for buf in reversed(self._buffers):  # every mapping of a peer's memory first ...
             step(f"close IPC mappings of '{buf.name}'", lambda b=buf: close_mappings(be, b))
-        if not free:
-            return
         for buf in reversed(self._buffers):  # ... then this rank's own memory
-            step(f"free '{buf.name}'", lambda b=buf: free_local(be, b))
+            step(f"free '{buf.name}'", lambda b=buf: free_local(be, b, shared=free))
         self._buffers.clear()
         if self._group_ctrl:
             step("free GroupCtrl", lambda: be.free(self._group_ctrl))
@@ -467,7 +542,7 @@ def init(comm=None, *, device: int | None = None, timeout_s: float | None = None
         _current = g
         if not _atexit_registered:
             # Registered after mpi4py's import, so it runs before MPI is finalized at exit.
-            atexit.register(finalize)
+            atexit.register(_finalize_at_exit)
             _atexit_registered = True
         return g
 
@@ -486,11 +561,25 @@ def groups() -> list[Group]:
 
 
 def finalize() -> None:
-    """Close every group, newest first (collective). Safe to call twice; runs at exit."""
+    """Close every group, newest first (collective; bounded). Safe to call twice; runs at exit.
+    Raises the first error a close raised (peers missing at close), once every group is closed."""
     with _lock:
         pending = list(_groups.values())
+    first = None
     for g in reversed(pending):
-        g.close()
+        try:
+            g.close()
+        except DistError as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _finalize_at_exit() -> None:
+    try:
+        finalize()
+    except DistError as e:  # one line, not a traceback: the process exits as it would have
+        print(f"[rawflux.dist] at exit: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _forget(g: Group) -> None:

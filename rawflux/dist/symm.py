@@ -2,11 +2,13 @@
 
 ``Group.symmetric(nbytes, name)`` is collective. Every rank allocates ``nbytes``, rounded up to
 whole 2 MiB blocks, with a plain cudaMalloc (never CuPy's pool), zeroes it, exports it with
-cudaIpcGetMemHandle, and all handles are exchanged in one ``allgather``, together with each
-rank's (nbytes, name), so that mismatched calls fail on every rank with one clear error instead
-of corrupting memory. Each rank then opens every peer's handle (cudaIpcOpenMemHandle; its own
-entry is its own pointer). Two ranks on one GPU (the emulated node under MPS) work the same way:
-opening a handle exported by another process on the same device maps the same memory.
+cudaIpcGetMemHandle, and all handles are exchanged at once, together with each rank's (nbytes,
+name), so that mismatched calls fail on every rank with one clear error instead of corrupting
+memory. The exchanges are bounded by the group's timeout (``topology.exchange``): a rank that
+died or makes another call is named instead of hanging the others. Each rank then opens every
+peer's handle (cudaIpcOpenMemHandle; its own entry is its own pointer). Two ranks on one GPU (the
+emulated node under MPS) work the same way: opening a handle exported by another process on the
+same device maps the same memory.
 
 An IPC handle describes a whole underlying block, and cudaIpcOpenMemHandle maps it from the
 block's base. cudaMalloc may sub-allocate small buffers from one block (the CUDA programming
@@ -85,14 +87,15 @@ class SymmetricBuffer:
         return cupy.ndarray((n,), dtype=dt, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-def collective_try(mpi, fn, what: str):
-    """Run ``fn()`` on every rank and gather the results; if it raised on any rank, raise one
-    DistError on every rank naming them (so no rank is left waiting in the next collective)."""
+def collective_try(mpi, fn, what: str, gather=None):
+    """Run ``fn()`` on every rank and gather the results (``gather``, else mpi.allgather); if it
+    raised on any rank, raise one DistError on every rank naming them (so no rank is left waiting
+    in the next collective)."""
     try:
         val, err = fn(), None
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         val, err = None, f"{type(e).__name__}: {e}"
-    gathered = mpi.allgather((val, err))
+    gathered = (gather or mpi.allgather)((val, err))
     bad = [(q, e) for q, (_, e) in enumerate(gathered) if e is not None]
     if bad:
         raise DistError(f"{what} failed on rank(s) {[q for q, _ in bad]}: " + "; ".join(f"rank {q}: {e}" for q, e in bad))
@@ -127,8 +130,23 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
             handle = be.ipc_get(ptr)
         except Exception as e:  # noqa: BLE001 - reported to every rank below
             err = f"{type(e).__name__}: {e}"
-    # One allgather carries the request (for the check), the handle and the offset in its block.
-    gathered = group._mpi.allgather((nbytes, name, handle, offset, err))
+    # One exchange carries the request (for the check), the handle and the offset in its block;
+    # bounded by the group's timeout (a rank that died or makes another call is named).
+    what = f"symmetric buffer '{name}'"
+
+    def release():
+        # After a failed exchange a late peer may have mapped it: the group's close() decides.
+        if getattr(group, "_failure", None):
+            group._buffers.append(SymmetricBuffer(name, nbytes, ptr, [], 0, None, rank, world, group.device_id))
+        else:
+            be.free(ptr)
+
+    try:
+        gathered = group._exchange("symmetric()", (nbytes, name, handle, offset, err), what)
+    except Exception:
+        if ptr:
+            release()
+        raise
     try:
         check_symmetric_requests([(n, nm) for n, nm, _, _, _ in gathered], rank)
         bad = [(q, e) for q, (_, _, _, _, e) in enumerate(gathered) if e is not None]
@@ -160,13 +178,14 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
         return peers
 
     try:
-        peer_ptrs = collective_try(group._mpi, open_all, f"mapping symmetric buffer '{name}' (cudaIpcOpenMemHandle)")[rank]
+        peer_ptrs = collective_try(group._mpi, open_all, f"mapping {what} (cudaIpcOpenMemHandle)",
+                                   gather=lambda v: group._exchange("symmetric() mapping", v, f"mapping {what}"))[rank]
     except Exception:
         for p in imported:
             be.ipc_close(p)
         if table:
             be.free(table)
-        be.free(ptr)
+        release()
         raise
     table_dev = be.device_u64_array(table, world, group.device_id)
     return SymmetricBuffer(name, nbytes, ptr, list(peer_ptrs), table, table_dev, rank, world, group.device_id, imported)
@@ -178,12 +197,13 @@ def close_mappings(be, buf: SymmetricBuffer) -> None:
         be.ipc_close(buf._imported.pop())
 
 
-def free_local(be, buf: SymmetricBuffer) -> None:
-    """Free this rank's allocation and table (only once no peer maps it any more)."""
+def free_local(be, buf: SymmetricBuffer, shared: bool = True) -> None:
+    """Free this rank's peer table (only its own kernels read it) and, with ``shared``, its
+    allocation (only once no peer maps it any more; else it is left allocated)."""
     if buf.closed:
         return
     buf.closed = True
     if buf.peer_table_ptr:
         be.free(buf.peer_table_ptr)
-    if buf.ptr:
+    if buf.ptr and shared:
         be.free(buf.ptr)

@@ -6,6 +6,7 @@ Everything here takes an mpi4py communicator (or plain values) and nothing else,
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 
 from .layout import MAX_WORLD
@@ -13,6 +14,15 @@ from .layout import MAX_WORLD
 
 class DistError(RuntimeError):
     """A group cannot be formed or used as asked (topology, devices, mismatched calls)."""
+
+
+class CollectiveTimeout(DistError):
+    """A wait gave up: a peer did not arrive in time, or the group was aborted. ``.record`` holds
+    the decoded Status of a device-side wait (op, call_id, peer, late_ranks, ...), else None."""
+
+    def __init__(self, message: str, record=None):
+        super().__init__(message)
+        self.record = record
 
 
 @dataclass(frozen=True)
@@ -134,7 +144,11 @@ def choose_device(binding_rank: int, visible: int, forced: int | None = None) ->
 def agree(comm, value, what: str):
     """Check that every rank passed the same ``value``; raise DistError on every rank naming
     which ranks differ. Returns the value. Collective."""
-    values = comm.allgather(value)
+    return check_agreed(comm.allgather(value), what)
+
+
+def check_agreed(values: list, what: str):
+    """values[q]: what rank q passed; the common value, else DistError naming which ranks differ."""
     ref = values[0]
     if any(v != ref for v in values):
         groups: dict[str, list[int]] = {}
@@ -166,23 +180,99 @@ def peer_map(bus_ids: list[str], rank: int) -> list[bool]:
     return [b.lower() == mine for b in bus_ids]
 
 
-_abandoned: list = []
+# --- bounded exchanges ----------------------------------------------------------------------------
+# Point-to-point, so that a rank that does not come (dead, or making another call) is named, and
+# no collective is left pending on the communicator: after a timeout only messages are in flight.
+
+_TAG = 0x7AF0  # a group's private communicator carries these messages and nothing else
+_in_flight: list = []  # sends a dead peer never takes: kept alive, never waited on
 
 
-def bounded_barrier(comm, timeout_s: float) -> bool:
-    """MPI barrier that gives up after timeout_s (True if all ranks arrived). For teardown, where
-    a dead peer must not hang the interpreter's exit."""
-    import time
+class MissingRanks(CollectiveTimeout):
+    """A host-side exchange gave up: ``.ranks`` did not arrive within the timeout (dead, or not
+    making this call). The group is unusable afterwards."""
 
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+def _who(ranks) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {list(ranks)}"
+
+
+def missing_message(missing, what: str, timeout_s: float, others: dict, tail: str) -> str:
+    busy = "".join(f"; rank {q} is in {k}" for q, k in sorted(others.items()) if q in missing)
+    return (f"{_who(missing)} did not reach {what} within {timeout_s:.1f} s (it may have died, or be making "
+            f"another call{busy}); {tail}")
+
+
+def post(comm, key: str, value) -> None:
+    """Send (key, value) to every other rank of ``comm``, waiting for no one."""
     from mpi4py import MPI
 
-    if MPI.Is_finalized():
-        return False
-    req = comm.Ibarrier()
+    _in_flight[:] = [r for r in _in_flight if not _finished(r)]
+    rank = comm.Get_rank()
+    for q in range(comm.Get_size()):
+        if q != rank:
+            try:
+                _in_flight.append(comm.isend((key, value), dest=q, tag=_TAG))
+            except MPI.Exception:  # the library knows q failed: q's side is reported missing
+                pass
+
+
+def _finished(req) -> bool:
+    try:
+        return bool(req.Test())
+    except Exception:  # noqa: BLE001 - completed in error (a failed peer)
+        return True
+
+
+def collect(comm, key: str, timeout_s: float, *, skip_other: bool = False):
+    """Every other rank's value posted under ``key``, waiting at most ``timeout_s``:
+    (values by rank, ranks missing, {rank: key} of ranks that posted for another call). With
+    ``skip_other`` such messages are passed over (leftovers of an abandoned exchange) and the
+    rank stays awaited."""
+    from mpi4py import MPI
+
+    rank = comm.Get_rank()
+    waiting = [q for q in range(comm.Get_size()) if q != rank]
+    got, others, lost = {}, {}, []
     deadline = time.monotonic() + timeout_s
-    while not req.Test():
-        if time.monotonic() > deadline:
-            _abandoned.append(req)  # a collective cannot be cancelled; keep it from being freed
-            return False
-        time.sleep(0.001)
-    return True
+    while True:
+        for q in list(waiting):
+            try:
+                while (msg := comm.improbe(source=q, tag=_TAG)) is not None:
+                    k, v = msg.recv()
+                    if k == key:
+                        got[q] = v
+                        others.pop(q, None)
+                    else:
+                        others[q] = k
+                    if k == key or not skip_other:
+                        waiting.remove(q)
+                        break
+            except MPI.Exception:  # the library knows q failed
+                waiting.remove(q)
+                lost.append(q)
+        if not waiting or time.monotonic() >= deadline:
+            return got, sorted(waiting + lost), others
+        time.sleep(0.0005)
+
+
+def exchange(comm, key: str, value, timeout_s: float, what: str) -> list:
+    """allgather of a picklable value that gives up after ``timeout_s``: raises MissingRanks
+    naming the ranks that did not come, or DistError when some rank made another call (``key``
+    names the call)."""
+    post(comm, key, value)
+    got, missing, others = collect(comm, key, timeout_s)
+    if others:
+        calls = "; ".join(f"rank {q} is in {k}" for q, k in sorted(others.items()))
+        raise DistError(f"{what}: ranks made different calls (rank {comm.Get_rank()} is in {key}; {calls}); every "
+                        "rank must make the same calls in the same order. This group is unusable: close it "
+                        "(rawflux.finalize()) and make a new one")
+    if missing:
+        raise MissingRanks(missing_message(missing, what, timeout_s, others, "this group is unusable: close it "
+                                           "(rawflux.finalize()) and make a new one"), missing)
+    got[comm.Get_rank()] = value
+    return [got[q] for q in range(comm.Get_size())]

@@ -494,6 +494,9 @@ def _bounded(group, req, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             _abandoned.append(req)  # a collective cannot be cancelled; keep it alive
             _broken[group] = what  # a later agreement would meet this one on the peers
+            mark = getattr(group, "mark_failed", None)
+            if mark is not None:
+                mark(what)  # its close then waits for no peer
             raise CallMismatch(
                 f"{what}: not every rank joined within {timeout_s:.1f} s: a rank raised on a bad argument, called "
                 "with other shapes (a call that needs larger buffers on one rank only cannot proceed) or stopped "

@@ -449,9 +449,10 @@ def test_teardown_order(comm):
     be.log.clear()
     g.close()
     ops = [e[0] for e in be.log]
-    # device sync, device barrier, sync, then every IPC mapping closed before any own buffer is
-    # freed, the host-mapped status last
-    assert ops[:3] == ["synchronize", "launch_barrier", "synchronize"]
+    # device sync, then every IPC mapping closed before any own buffer is freed (the peers said
+    # "done" in between, over MPI: no device barrier, which could meet a peer's own barrier call),
+    # the host-mapped status last
+    assert ops[0] == "synchronize" and "launch_barrier" not in ops
     closes = [i for i, op in enumerate(ops) if op == "ipc_close"]
     frees = [i for i, op in enumerate(ops) if op == "free"]
     assert len(closes) == 3 * (comm.size - 1)  # ctrl + 2 buffers, each world-1 peers
