@@ -26,7 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TIMEOUT_S = 1.0  # the group's wait timeout in the worker
 MARGIN_S = 3.0  # scheduling slack on a small, oversubscribed machine
 CLOSE_FAST_S = 0.5  # a failed group's close waits for no one
-WATCHDOG_S = 10.0  # after every rank is ready: the run must have ended by then
+# After every rank is ready the run must have ended by then. rawflux's part is timed by the
+# events (raised, closed, exit); what follows the exit event is MPI_Finalize and mpirun noticing
+# the dead rank, which took over 9 s once on a loaded 2-core machine (usually about 1 s).
+WATCHDOG_S = 30.0
 TAG = "RANKDEATH "
 
 
