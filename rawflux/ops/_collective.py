@@ -39,6 +39,7 @@ Device errors are sticky: once a wait timed out or a mismatch was found, the gro
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 import threading
@@ -250,20 +251,39 @@ class CollectiveOp:
         return self._closed
 
     # --- on-line tuning (rawflux/tune/collective.py) ------------------------------------------
+    # An op that tunes provides _tune_id(m) (tune_key of its shape), _use_config(m, cfg),
+    # _config_ok(cfg) and tune_candidates(m, top); tunable False: no group to agree with.
+    tunable = True
+
     def tune_key(self, shape: dict, dtype: str) -> str:
         """The fused-op table's key of this op's calls of ``shape``: GPU, SMs, world, ranks per GPU,
         topology and versions besides the op and the shape, so no result leaks to another setup."""
         from .. import tune
-        from .._version import __version__
-        from ..jit import nvrtc_version
 
         g, dev = self.group, tune.device_info(self.device_id)
         bus = list(getattr(g, "bus_ids", ()) or ())
         per_gpu = sum(1 for b in bus if b == bus[self.rank]) if bus else 1
         topology = "shared-gpu" if per_gpu > 1 else ("p2p" if getattr(g, "peer_access", True) else "no-p2p")
-        versions = {"rawflux": __version__, "driver": _driver_version(), "nvrtc": ".".join(map(str, nvrtc_version()))}
         return tune.fused_key(self.OP_NAME, shape=shape, dtype=dtype, world=self.world, ranks_per_gpu=per_gpu, topology=topology,
-                              gpu=dev.name, sms=dev.sms, versions=versions)
+                              gpu=dev.name, sms=dev.sms, versions=_versions())
+
+    def _stored(self, m: int):
+        """The tuned GemmConfig for calls of m that every rank holds, else None (the op's default).
+        Collective: every rank plans the same calls."""
+        from .. import env, tune
+
+        if self.world == 1 or not self.tunable or env.tune_mode() == "off":
+            return None
+        key = self._tune_id(m)
+        hit = tune.fused_store().get(key)
+        try:
+            cfg = tune.GemmConfig.from_json(hit["config"]) if hit else None
+        except (KeyError, TypeError, ValueError):
+            cfg = None
+        if cfg is not None and not self._config_ok(cfg):
+            cfg = None  # compiled for another setup
+        agreed, _ = self.agree_tuning(key, cfg.to_json() if cfg else None, f"m={m}")
+        return tune.GemmConfig.from_json(agreed) if agreed else None
 
     def agree_tuning(self, key: str, stored, what: str):
         """(the stored result every rank holds, or None; whether every rank tunes on first use).
@@ -306,6 +326,22 @@ class CollectiveOp:
         _, every_on = self.agree_tuning(self._tune_id(m), None, f"m={m}, first use")
         if every_on:
             self.tune(m, stream=stream)
+
+    def run_tuning(self, m: int, call, *, top: int, reps: int, budget_s: float | None, stream: int, label):
+        """Time this op's candidates for calls of m (``call()`` makes one call on ``stream``), make
+        the winner this op's configuration for m and store it; returns it (rows in last_tune)."""
+        from .. import env, tune
+        from ..tune.collective import format_rows
+
+        budget = env.tune_budget_s() if budget_s is None else float(budget_s)
+        best, rows = self.time_candidates(self.tune_candidates(m, top), lambda c: self._use_config(m, c), call, reps=reps,
+                                          budget_s=budget, stream=stream, label=label, what=f"m={m} n={self.n} k={self.k}")
+        self._use_config(m, best)
+        self.last_tune = rows
+        won = min(rows, key=lambda r: r.slowest_us)
+        # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
+        tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, label(best))})
+        return best
 
     def time_candidates(self, cands, use, call, *, reps: int, budget_s: float, stream: int, label, what: str):
         """tune.collective.decide over ``cands``: ``use(c)`` makes the op's next calls run c,
@@ -509,15 +545,32 @@ _abandoned: list = []
 _broken: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _driver_version() -> str:
-    """The CUDA driver's version as major.minor ("unknown" without one)."""
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict:
+    """rawflux's, the CUDA driver's and NVRTC's versions (a tuning key's; read once)."""
+    from .._version import __version__
+    from ..jit import nvrtc_version
+
     try:
         from cupy.cuda import runtime
 
         v = int(runtime.driverGetVersion())
-        return f"{v // 1000}.{v % 1000 // 10}"
+        driver = f"{v // 1000}.{v % 1000 // 10}"
     except Exception:  # noqa: BLE001 - no driver: the key still separates it
-        return "unknown"
+        driver = "unknown"
+    return {"rawflux": __version__, "driver": driver, "nvrtc": ".".join(map(str, nvrtc_version()))}
+
+
+def scratch_matrix(shape, dtype, seed: int):
+    """A random 16-bit CuPy matrix on the current device, for timing (normal values cut to 16 bits)."""
+    import cupy
+
+    from ..runtime import DType
+
+    x = cupy.random.default_rng(seed).standard_normal(shape, dtype=cupy.float32)
+    if dtype == DType.F16:
+        return x.astype(cupy.float16)
+    return (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(dtype.np)
 
 
 def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -> list:

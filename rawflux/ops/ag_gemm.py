@@ -59,7 +59,7 @@ from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, intake
                        wrap_output)
 from ..tune import GemmConfig
 from .gemm import gemm
-from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group
+from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms"]
@@ -443,19 +443,8 @@ class AGGemm(CollectiveOp):
                  "copy": self.copy, "copy_sms": self.copy_sms}
         return self.tune_key(shape, self.dtype.tag)
 
-    def _stored(self, m: int) -> GemmConfig | None:
-        """The tuned configuration for calls of m that every rank holds, else None. Collective."""
-        if self.world == 1 or env.tune_mode() == "off":
-            return None
-        hit = tune.fused_store().get(self._tune_id(m))
-        try:
-            cfg = GemmConfig.from_json(hit["config"]) if hit else None
-        except (KeyError, TypeError, ValueError):
-            cfg = None
-        if cfg is not None and cfg.tile not in tune.TILES:
-            cfg = None
-        agreed, _ = self.agree_tuning(self._tune_id(m), cfg.to_json() if cfg else None, f"m={m}")
-        return GemmConfig.from_json(agreed) if agreed else None
+    def _config_ok(self, cfg: GemmConfig) -> bool:
+        return cfg.tile in tune.TILES
 
     def _use_config(self, m: int, cfg: GemmConfig) -> None:
         """Calls of m run ``cfg`` (adapted) from now on (tuning)."""
@@ -491,26 +480,13 @@ class AGGemm(CollectiveOp):
             raise ValueError(f"AGGemm.tune: m = {m} must be a positive multiple of W = {self.world} up to max_m = {self.max_m}")
         import cupy
 
-        from ..tune.collective import format_rows
-        from .gemm_rs import _scratch
-
-        budget = env.tune_budget_s() if budget_s is None else float(budget_s)
         s = resolve_stream(stream, ())
         with self._device():
-            a = _scratch((m // self.world, self.k), self.dtype, 1)
-            b = _scratch((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
+            a = scratch_matrix((m // self.world, self.k), self.dtype, 1)
+            b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
             out = cupy.empty((m, self.n), dtype=self.out_dtype.np)
-
-            best, rows = self.time_candidates(self.tune_candidates(m, top), lambda c: self._use_config(m, c), lambda: self(a, b, out=out, stream=s), reps=reps,
-                                              budget_s=budget, stream=s, label=lambda c: self._adapt(c).tag(),
-                                              what=f"m={m} n={self.n} k={self.k}")
-        self._use_config(m, best)
-        self.last_tune = rows
-        won = min(rows, key=lambda r: r.slowest_us)
-        # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
-        tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us,
-                                                  "table": format_rows(rows, self._adapt(best).tag())})
-        return best
+            return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
+                                   label=lambda c: self._adapt(c).tag())
 
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,

@@ -40,9 +40,8 @@ from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
-from ..tune.collective import format_rows
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group
+from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
@@ -382,7 +381,6 @@ class GemmRS(CollectiveOp):
         self._plans: dict[int, tuple] = {}
         self._plans_lock = threading.Lock()
         self._forced: dict[int, GemmConfig] = {}  # per m: a tuned (or being timed) configuration
-        self.tunable = True  # a group to agree with (rawflux/bench/rs_local.py's harness has none)
         self.last_tune: list = []  # the rows of this op's latest tuning run
         self.recv = self.sync = None
 
@@ -442,21 +440,8 @@ class GemmRS(CollectiveOp):
         shape = {"m": m, "n": self.n, "k": self.k, "layout": self.b_layout, "partials": self.partials, "ctas": self.tile_ctas}
         return self.tune_key(shape, self.dtype.tag)
 
-    def _stored(self, m: int) -> GemmConfig | None:
-        """The tuned configuration for calls of m that every rank holds, else None (the model's
-        pick). Collective (the plan of a new m is: every rank plans the same calls)."""
-        if not self.tunable or env.tune_mode() == "off":
-            return None
-        hit = tune.fused_store().get(self._tune_id(m))
-        cfg = None
-        try:
-            cfg = GemmConfig.from_json(hit["config"]) if hit else None
-        except (KeyError, TypeError, ValueError):
-            cfg = None
-        if cfg is not None and cfg.tile not in self._tiles:
-            cfg = None  # compiled for another setup (e.g. cluster tiles where ranks share a GPU)
-        agreed, _ = self.agree_tuning(self._tune_id(m), cfg.to_json() if cfg else None, f"m={m}")
-        return GemmConfig.from_json(agreed) if agreed else None
+    def _config_ok(self, cfg: GemmConfig) -> bool:
+        return cfg.tile in self._tiles  # not, e.g., a cluster tile where ranks share a GPU
 
     def tune_candidates(self, m: int, top: int = 6) -> list[GemmConfig]:
         """The model's pick first, then the other GEMM-RS tiles by the model's time, `top` in all."""
@@ -485,21 +470,13 @@ class GemmRS(CollectiveOp):
         check_m(m, self.max_m, self.world)
         import cupy
 
-        budget = env.tune_budget_s() if budget_s is None else float(budget_s)
         s = resolve_stream(stream, ())
         with self._device():
-            a = _scratch((m, self.k), self.dtype, 1)
-            b = _scratch((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
+            a = scratch_matrix((m, self.k), self.dtype, 1)
+            b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
             out = cupy.empty((m // self.world, self.n), dtype=self.dtype.np)
-
-            best, rows = self.time_candidates(self.tune_candidates(m, top), lambda c: self._use_config(m, c), lambda: self(a, b, out=out, stream=s), reps=reps,
-                                              budget_s=budget, stream=s, label=lambda c: c.tile.tag(), what=f"m={m} n={self.n} k={self.k}")
-        self._use_config(m, best)
-        self.last_tune = rows
-        won = min(rows, key=lambda r: r.slowest_us)
-        # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
-        tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, best.tile.tag())})
-        return best
+            return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
+                                   label=lambda c: c.tile.tag())
 
     def _use_config(self, m: int, cfg: GemmConfig) -> None:
         """Calls of m run ``cfg`` from now on (tuning)."""
@@ -624,14 +601,4 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
 def clear_cache() -> None:
     """Close the op objects the functional form made (collective)."""
     _ops.clear()
-
-
-def _scratch(shape, dtype: DType, seed: int):
-    """A random 16-bit matrix on the current device for timing (normal values, truncated to 16 bits)."""
-    import cupy
-
-    x = cupy.random.default_rng(seed).standard_normal(shape, dtype=cupy.float32)
-    if dtype == DType.F16:
-        return x.astype(cupy.float16)
-    return (x.view(cupy.uint32) >> 16).astype(cupy.uint16).view(dtype.np)
 
