@@ -267,41 +267,62 @@ class CollectiveOp:
         return tune.fused_key(self.OP_NAME, shape=shape, dtype=dtype, world=self.world, ranks_per_gpu=per_gpu, topology=topology,
                               gpu=dev.name, sms=dev.sms, versions=_versions())
 
-    def _stored(self, m: int):
-        """The tuned GemmConfig for calls of m that every rank holds, else None (the op's default).
-        Collective: every rank plans the same calls."""
-        from .. import env, tune
-
-        if self.world == 1 or not self.tunable or env.tune_mode() == "off":
-            return None
-        key = self._tune_id(m)
-        hit = tune.fused_store().get(key)
-        try:
-            cfg = tune.GemmConfig.from_json(hit["config"]) if hit else None
-        except (KeyError, TypeError, ValueError):
-            cfg = None
-        if cfg is not None and not self._config_ok(cfg):
-            cfg = None  # compiled for another setup
-        agreed, _ = self.agree_tuning(key, cfg.to_json() if cfg else None, f"m={m}")
-        return tune.GemmConfig.from_json(agreed) if agreed else None
-
-    def agree_tuning(self, key: str, stored, what: str):
-        """(the stored result every rank holds, or None; whether every rank tunes on first use).
-        ``stored``: this rank's result (JSON-able) or None. Collective and bounded: ranks whose
-        caches or RAWFLUX_TUNE differ fall back alike. Compared by a 63-bit digest of its JSON."""
+    def agree_stored(self) -> None:
+        """At the end of construction (collective): the stored tuning results of this op's calls,
+        for every m, that every rank holds alike, and whether every rank tunes on first use. One
+        bounded agreement per op object and none per call, so ranks that call with different m
+        meet the device-side call check, not a host exchange. Ranks whose caches or RAWFLUX_TUNE
+        differ fall back alike (to the op's default pick). Results this op tunes later are agreed
+        by the tuning itself (the slowest rank decides) and join the set."""
         import hashlib
         import json
 
         from .. import env
 
+        self._agreed: dict[int, dict] = {}
+        self._every_on = False
+        if self.world == 1 or not self.tunable:
+            return
+        mode = env.tune_mode()
+        mine = {} if mode == "off" else self._stored_family()
         digest = 0
-        if stored is not None:
-            raw = hashlib.sha1(json.dumps([key, stored], sort_keys=True).encode()).digest()
+        if mine:
+            raw = hashlib.sha1(json.dumps(sorted(mine.items()), sort_keys=True).encode()).digest()
             digest = int.from_bytes(raw[:8], "little") & (2**63 - 1) | 1  # never 0: 0 is "none"
-        mode = ("off", "cached", "on").index(env.tune_mode())
-        every = bounded_allgather(self.group, (digest, mode), f"{self.OP_NAME} tuning agreement ({what})")
-        same = digest != 0 and all(v[0] == digest for v in every)
-        return (stored if same else None), all(v[1] == 2 for v in every)
+        every = bounded_allgather(self.group, (digest, ("off", "cached", "on").index(mode)), f"{self.OP_NAME} tuning agreement")
+        if digest != 0 and all(v[0] == digest for v in every):
+            self._agreed = mine
+        self._every_on = all(v[1] == 2 for v in every)
+
+    def _stored_family(self) -> dict[int, dict]:
+        """{m: config JSON} of this rank's fused-op table entries for this op (its _tune_id(m) for
+        some m), configurations this build can run only."""
+        import json
+
+        from .. import tune
+
+        out: dict[int, dict] = {}
+        for key, entry in tune.fused_store().entries().items():
+            try:
+                m = json.loads(key)[1]["m"]
+                if not isinstance(m, int) or key != self._tune_id(m):
+                    continue
+                cfg = tune.GemmConfig.from_json(entry["config"])
+            except (KeyError, TypeError, ValueError, IndexError):
+                continue
+            if self._config_ok(cfg):
+                out[m] = entry["config"]
+        return out
+
+    def _stored(self, m: int):
+        """The tuned GemmConfig for calls of m that every rank holds (agree_stored), else None
+        (the op's default)."""
+        from .. import env, tune
+
+        if self.world == 1 or not self.tunable or env.tune_mode() == "off":
+            return None
+        hit = getattr(self, "_agreed", {}).get(m)
+        return tune.GemmConfig.from_json(hit) if hit is not None else None
 
     def gather_for_tuning(self, what: str):
         """gather(floats) for tune.collective.decide: every rank's tuple of floats, bounded (sent as
@@ -323,8 +344,7 @@ class CollectiveOp:
         if stored is not None:
             self._use_config(m, stored)
             return
-        _, every_on = self.agree_tuning(self._tune_id(m), None, f"m={m}, first use")
-        if every_on:
+        if getattr(self, "_every_on", False):  # agreed at construction: every rank tunes, or none
             self.tune(m, stream=stream)
 
     def run_tuning(self, m: int, call, *, top: int, reps: int, budget_s: float | None, stream: int, label):
@@ -341,6 +361,8 @@ class CollectiveOp:
         won = min(rows, key=lambda r: r.slowest_us)
         # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
         tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, label(best))})
+        if hasattr(self, "_agreed"):
+            self._agreed[m] = best.to_json()  # the same decision on every rank
         return best
 
     def time_candidates(self, cands, use, call, *, reps: int, budget_s: float, stream: int, label, what: str):

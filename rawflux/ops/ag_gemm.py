@@ -403,6 +403,7 @@ class AGGemm(CollectiveOp):
             if copy == "sm":
                 self.kernel(KERNEL_FILE, COPY_KERNEL)
             self.prepare_meta_kernels()
+            self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     # --- sizes ----------------------------------------------------------------------------------
     @property

@@ -365,6 +365,8 @@ class GemmRS(CollectiveOp):
             self._tiles = [t for t in self._tiles if t.cluster_size == 1]
         self.recv = self.symmetric(recv_bytes(self.max_m, self.n, part_bytes), "recv")
         self.sync = self.symmetric(sync_bytes(self.world, self.tiles_cap), "sync")
+        if config is None:
+            self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     def _configure(self, config: GemmConfig | None, own_delay: int | None, ctas: int | None) -> None:
         """This rank's part of the construction, once the group's is done (rawflux/bench/rs_local.py

@@ -12,7 +12,7 @@ candidates: the options in the order to try them (the op's default first: it win
 budget that stops after one candidate keeps it). time_us(c): this rank's time of one call with c
 (collective). gather(x): every rank's x (a tuple of floats), in rank order: a bounded allgather over the group
 (CollectiveOp.gather_for_tuning). A stored result is used only where every rank holds it
-(CollectiveOp.agree_tuning).
+(CollectiveOp.agree_stored, once per op object at construction).
 """
 from __future__ import annotations
 

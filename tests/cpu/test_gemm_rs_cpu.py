@@ -603,13 +603,16 @@ class _Store:
     """The fused-op table, in memory."""
 
     def __init__(self, entries=None):
-        self.entries, self.puts = dict(entries or {}), []
+        self.table, self.puts = dict(entries or {}), []
 
     def get(self, key):
-        return self.entries.get(key)
+        return self.table.get(key)
+
+    def entries(self):
+        return dict(self.table)
 
     def put(self, key, entry):
-        self.entries[key] = entry
+        self.table[key] = entry
         self.puts.append(key)
 
 
@@ -637,6 +640,29 @@ def test_a_stored_tuning_is_used_where_every_rank_holds_it(fake_device, monkeypa
     monkeypatch.setenv("RAWFLUX_TUNE", "off")  # off: the stored result is not read
     assert rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16").plan(m).cfg.tile == default.tile
     assert not store.puts
+
+
+def test_the_stored_tunings_are_agreed_once_per_op_not_per_call(fake_device, monkeypatch):
+    """One agreement at construction: planning a new m exchanges nothing, so a rank that calls
+    with another m meets the device-side call check (a host exchange there would wait for peers
+    that never join it)."""
+    world, m, n, k = 2, 2048, 2048, 512
+    probe = rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16")
+    other = probe.tune_candidates(m, top=4)[1]
+    store = _Store({probe._tune_id(m): {"config": other.to_json(), "us": 1.0},
+                    probe._tune_id(m // 2): {"config": other.to_json(), "us": 1.0},
+                    "not json": {"config": other.to_json()}})
+    monkeypatch.setattr(tune, "fused_store", lambda: store)
+    seen = []
+    real = C.bounded_allgather
+    monkeypatch.setattr(C, "bounded_allgather", lambda g, v, what, timeout_s=None: seen.append(what) or real(g, v, what, timeout_s))
+    op = rs.GemmRS(OpGroup(0, world, []), m, n, k, "bf16")
+    agreements = [w for w in seen if "agreement" in w]
+    assert len(agreements) == 1, seen
+    seen.clear()
+    assert op.plan(m).cfg.tile == other.tile and op.plan(m // 2).cfg.tile == other.tile
+    assert op.plan(m // 4).cfg.tile == probe.plan(m // 4).cfg.tile  # no entry: the model's pick
+    assert seen == [], seen
 
 
 def test_tune_refuses_what_it_cannot_time(fake_device):
