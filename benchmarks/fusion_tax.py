@@ -1,14 +1,22 @@
-"""The fusion tax of GEMM-ReduceScatter: the fused kernel at world W with every peer mapped onto
-its own buffers (rawflux/bench/rs_local.py: the same kernel, the same stores and reads, no link,
-no waiting) against rawflux.gemm's own pick on the same (m, n, k_local), in one process on one GPU.
+"""The fusion tax of the fused ops, and AllGather-GEMM behind an emulated link, on one GPU.
 
-    PYTHONPATH=. python benchmarks/fusion_tax.py [--worlds 2,4,8] [--ms 1024,2048,4096,8192] [--json PATH]
+    PYTHONPATH=. python benchmarks/fusion_tax.py [--op gemm_rs,ag_gemm] [--worlds 2,4,8] [--ms 1024,2048,4096,8192]
+        [--link-gbps 370] [--json PATH] [--link-json PATH]
 
-Bar: fused / gemm <= 1.03 at every point (printed per point; exit status 1 if any misses).
-CUDA events, warm-up, median of --reps, the two interleaved call by call, inputs rotated over sets
-larger than 4x L2. Writes benchmarks/results/fusion-tax.json (records: op, world, m, n, k, dtype,
-partials, fused_ms, gemm_ms, ratio, tile, same_tile_gemm_ms: rawflux.gemm on the fused
-kernel's tile and grid, gpu, commit, date).
+gemm_rs: the fused kernel at world W with every peer mapped onto its own buffers
+(rawflux/bench/rs_local.py: the same kernel, the same stores and reads, no link, no waiting)
+against rawflux.gemm's own pick on the same (m, n, k_local). Bar: fused / gemm <= 1.03.
+ag_gemm (rawflux/bench/ag_local.py): rank 0's fused GEMM on the gathered A, (1) with every chunk
+landed (the tax; bar fused / gemm <= 1.02) and (2) behind the link emulator at G GB/s (bar
+fused <= 1.03 x max(T_gemm, T_gather) at m >= 1024, T_gather = (W - 1) chunks at G), against
+rawflux.gemm's own pick on the gathered A; also the emulated call with the GEMM's own raster
+order instead of the fused op's chunk-major one (column pick_order).
+CUDA events, warm-up, median of --reps, the competitors interleaved call by call, B (and
+gemm_rs's A) rotated over sets larger than 4x L2. Points are printed; exit status 1 if any
+misses its bar. fusion-tax.json holds the tax records of both ops (records: op, world, m, n, k,
+dtype, fused_ms, gemm_ms, ratio, tile, same_tile_gemm_ms: rawflux.gemm on the fused kernel's
+configuration, emulated_link, link_gbps, gpu, commit, date; gemm_rs also partials); a run of
+one op keeps the other's records. ag-link-emu.json holds the emulated-link records.
 """
 from __future__ import annotations
 
@@ -24,32 +32,68 @@ from gemm import L2_BYTES, bench_many  # noqa: E402
 # (name, n, k of the whole layer): the row-parallel GEMMs (GEMM-RS) of the paper's GPT-3 175B and Llama-3-70B
 SHAPES = [("gpt3.attn_out", 12288, 12288), ("gpt3.mlp_down", 12288, 49152),
           ("llama70b.o_proj", 8192, 8192), ("llama70b.down_proj", 8192, 28672)]
+# (name, n of the whole layer, k): the column-parallel GEMMs (AllGather-GEMM)
+AG_SHAPES = [("gpt3.mlp_up", 49152, 12288), ("llama70b.qkv", 10240, 8192), ("llama70b.gate_up", 57344, 8192)]
 BAR = 1.03
+AG_TAX_BAR = 1.02
+AG_LINK_BAR = 1.03
+AG_LINK_FROM_M = 1024
+RESULTS = Path(__file__).parent / "results"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--op", default="gemm_rs,ag_gemm")
     ap.add_argument("--worlds", default="2,4,8")
     ap.add_argument("--ms", default="1024,2048,4096,8192")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--partials", default=None, help="default: the output's type; or fp32")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "fusion-tax.json"))
+    ap.add_argument("--link-gbps", type=float, default=370.0)
+    ap.add_argument("--json", default=str(RESULTS / "fusion-tax.json"))
+    ap.add_argument("--link-json", default=str(RESULTS / "ag-link-emu.json"))
     args = ap.parse_args(argv)
+    ops = args.op.split(",")
+    bad = [o for o in ops if o not in ("gemm_rs", "ag_gemm")]
+    if bad:
+        ap.error(f"--op: {bad} (gemm_rs, ag_gemm)")
+    rows, over = [], 0
+    if "gemm_rs" in ops:
+        r, o = run_rs(args)
+        rows, over = rows + r, over + o
+    if "ag_gemm" in ops:
+        r, o = run_ag(args)
+        rows, over = rows + r, over + o
+    path = Path(args.json)
+    kept = []
+    if path.exists():
+        try:
+            kept = [r for r in json.loads(path.read_text()).get("rows", []) if r.get("op") not in ops]
+        except (ValueError, AttributeError):
+            kept = []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": "fusion-tax", "bar": {"gemm_rs": BAR, "ag_gemm": AG_TAX_BAR}, "rows": kept + rows}, indent=1) + "\n")
+    return 1 if over else 0
 
+
+def _gpu_commit():
     import cupy
+
+    from rawflux.bench.timing import git_commit
+
+    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
+    return gpu, (git_commit() or "unknown")[:12]
+
+
+def run_rs(args):
+
     import torch
 
     import rawflux
     from rawflux.bench.rs_local import local_world
-    from rawflux.bench.timing import git_commit
-    from rawflux.runtime import DType
 
-    dev = cupy.cuda.Device(0)
-    gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    gpu = gpu.decode() if isinstance(gpu, bytes) else str(gpu)
-    commit = (git_commit() or "unknown")[:12]
-    bf16 = DType.BF16.np
+    gpu, commit = _gpu_commit()
     rows, worst = [], 0.0
     shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if s[0] in args.shapes.split(",")]
     for W in [int(x) for x in args.worlds.split(",")]:
@@ -88,14 +132,113 @@ def main(argv=None) -> int:
                       f"ratio {ratio:.3f} {'ok' if ratio <= BAR else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
                 rows.append({"op": "gemm_rs", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
                              "partials": args.partials or "bf16", "fused_ms": t_f, "gemm_ms": t_g, "ratio": ratio, "tile": tile, "same_tile_gemm_ms": t_s,
-                             "gpu": gpu, "commit": commit, "date": datetime.date.today().isoformat()})
+                             "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
+                             "date": datetime.date.today().isoformat()})
                 del a, b, out, full, op
                 torch.cuda.empty_cache()
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"kind": "fusion-tax", "bar": BAR, "rows": rows}, indent=1) + "\n")
     over = sum(r["ratio"] > BAR for r in rows)
-    print(f"fusion-tax summary: {len(rows) - over}/{len(rows)} points within {BAR}, worst {worst:.3f}")
-    return 1 if over else 0
+    print(f"fusion-tax summary: gemm_rs {len(rows) - over}/{len(rows)} points within {BAR}, worst {worst:.3f}")
+    return rows, over
+
+
+def run_ag(args):
+    """ag_gemm's tax and emulated-link points (see the module docstring)."""
+    from dataclasses import replace
+
+    import cupy
+    import torch
+
+    import rawflux
+    from rawflux import tune
+    from rawflux.bench.ag_local import AgLocal, t_gather_ms
+
+    gpu, commit = _gpu_commit()
+    G = args.link_gbps
+    today = datetime.date.today().isoformat()
+    tax_rows, link_rows = [], []
+    shapes = AG_SHAPES if args.shapes == "all" else [s for s in AG_SHAPES if s[0] in args.shapes.split(",")]
+    for W in [int(x) for x in args.worlds.split(",")]:
+        for name, n_all, k in shapes:
+            n = n_all // W
+            for m in [int(x) for x in args.ms.split(",")]:
+                ag = AgLocal(W, m, n, k, "bf16")
+                m_loc = m // W
+                gath = torch.as_tensor(ag.gathered(m).view(cupy.int16), device="cuda").view(torch.bfloat16)  # the op's buffer
+                gath.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+                shard = gath[:m_loc].clone()  # rank 0's rows: a link call copies them back in place
+                nsets = max(2, min(16, 4 * L2_BYTES // (n * k * 2) + 1))
+                b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                s = torch.cuda.current_stream().cuda_stream
+                cfg_tax, cfg_link = ag.config(m), ag.config(m, link=True)
+                base = ag.op._default(m)
+                tile0 = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
+                cfg_pick = replace(base, tile=tile0, decomp=tune.DP, ctas=ag.sms - 1)  # the pick's own raster order
+
+                # correctness first: poisoned output, bitwise against rawflux.gemm on the same
+                # configuration, and a float64 reference
+                out.fill_(float("nan"))
+                ag.link(shard, b[0], out, m, G, s)
+                rawflux.gemm(gath, b[0], out=full, stream=s, config=cfg_link)
+                torch.cuda.synchronize()
+                if ag.failed():
+                    raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")
+                if not torch.equal(out, full):
+                    raise RuntimeError(f"ag_gemm W={W} {name} m={m}: the emulated call differs from rawflux.gemm on its configuration")
+                want = gath.double() @ b[0].double().T
+                rel = float(torch.linalg.norm(out.double() - want) / torch.linalg.norm(want))
+                if not rel < 1e-2:
+                    raise RuntimeError(f"ag_gemm W={W} {name} m={m}: relative error {rel:.2e} against float64")
+                del want
+
+                def tax(i):
+                    ag.tax(b[i], out, m, s, cfg_tax)
+
+                def link(i):
+                    ag.link(shard, b[i], out, m, G, s, cfg_link)
+
+                def link_pick(i):
+                    ag.link(shard, b[i], out, m, G, s, cfg_pick)
+
+                def plain(i):
+                    rawflux.gemm(gath, b[i], out=full, stream=s)
+
+                def same(i):
+                    rawflux.gemm(gath, b[i], out=full, stream=s, config=cfg_tax)
+
+                t_tax, t_link, t_pick, t_g, t_s = bench_many([tax, link, link_pick, plain, same], nsets, args.reps)
+                torch.cuda.synchronize()
+                if ag.failed():
+                    raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")
+                t_gather = t_gather_ms(W, m, k, 2, G)
+                bound = max(t_g, t_gather)
+                r_tax, r_link = t_tax / t_g, t_link / bound
+                ok_link = m < AG_LINK_FROM_M or r_link <= AG_LINK_BAR
+                print(f"ag-tax  W={W} {name} m={m} n={n} k={k}: fused {t_tax * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  ratio {r_tax:.3f} "
+                      f"{'ok' if r_tax <= AG_TAX_BAR else 'OVER'}  {cfg_tax.tag()} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
+                print(f"ag-link W={W} {name} m={m} G={G:g}: fused {t_link * 1e3:8.1f} us  max(gemm, gather {t_gather * 1e3:.1f}) "
+                      f"{bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  (pick's order {t_pick * 1e3:.1f} us "
+                      f"{cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
+                common = {"op": "ag_gemm", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16", "gemm_ms": t_g,
+                          "gpu": gpu, "commit": commit, "date": today}
+                tax_rows.append(common | {"fused_ms": t_tax, "ratio": r_tax, "tile": cfg_tax.tag(), "same_tile_gemm_ms": t_s,
+                                          "emulated_link": False, "link_gbps": None})
+                link_rows.append(common | {"fused_ms": t_link, "gather_ms": t_gather, "bound_ms": bound, "ratio": r_link,
+                                           "config": cfg_link.tag(), "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(),
+                                           "emulated_link": True, "link_gbps": G, "rel_err": rel})
+                del ag, gath, shard, b, out, full
+                torch.cuda.empty_cache()
+    path = Path(args.link_json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": "ag-link-emu", "bar": AG_LINK_BAR, "from_m": AG_LINK_FROM_M, "rows": link_rows}, indent=1) + "\n")
+    over_tax = sum(r["ratio"] > AG_TAX_BAR for r in tax_rows)
+    over_link = sum(r["ratio"] > AG_LINK_BAR and r["m"] >= AG_LINK_FROM_M for r in link_rows)
+    print(f"fusion-tax summary: ag_gemm {len(tax_rows) - over_tax}/{len(tax_rows)} points within {AG_TAX_BAR}"
+          + (f", worst {max(r['ratio'] for r in tax_rows):.3f}" if tax_rows else ""))
+    print(f"ag-link summary: {len(link_rows) - over_link}/{len(link_rows)} points within {AG_LINK_BAR} x max(gemm, gather) at m >= "
+          f"{AG_LINK_FROM_M}" + (f", worst {max(r['ratio'] for r in link_rows):.3f}" if link_rows else ""))
+    return tax_rows, over_tax + over_link
 
 
 if __name__ == "__main__":

@@ -68,9 +68,10 @@ class _HostStatus:
             pass
 
 
-def _group_ctrl(rank: int, world: int, timeout_s: float, keep: list) -> int:
-    """A GroupCtrl (comm/ctrl.cuh) in device memory: its Status record in host-mapped memory
-    (``failed()`` reads it) and its abort words in a device buffer of this process."""
+def _group_ctrl(rank: int, world: int, timeout_s: float, keep: list):
+    """(GroupCtrl pointer, its status, its control buffer's pointer): a GroupCtrl (comm/ctrl.cuh)
+    in device memory, its Status record in host-mapped memory (``failed()`` reads it) and its
+    control words (abort, epoch) in a device buffer of this process, zero."""
     status = _HostStatus()
     keep.append(status)
     ctrl = _alloc(1024, keep)
@@ -78,7 +79,7 @@ def _group_ctrl(rank: int, world: int, timeout_s: float, keep: list) -> int:
     raw = struct.pack("<QQQii4Q", int(timeout_s * 1e9), status.dev, peers, rank, world, 0, 0, 0, 0)
     g = _alloc(64, keep)
     g[: len(raw)].set(np.frombuffer(raw, dtype=np.uint8))
-    return int(g.data.ptr), status
+    return int(g.data.ptr), status, int(ctrl.data.ptr)
 
 
 class _FakeGroup:
@@ -129,7 +130,7 @@ def local_world(world: int, max_m: int, n: int, k: int, dtype="bf16", b_layout: 
     sync = [_alloc(R.sync_bytes(world, cap), keep) for _ in range(world)]
     ops = []
     for r in ranks:
-        ctrl, status = _group_ctrl(r, world, timeout_s, keep)
+        ctrl, status, _ = _group_ctrl(r, world, timeout_s, keep)
         op = _launcher(r, world, max_m, n, k, dt, b_layout, partials, config, sms if tax else sms // world, recv, sync, ctrl, status,
                        timeout_s, keep)
         op._keep = keep

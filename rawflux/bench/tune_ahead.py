@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         op = cls(group, max_m, n, k, p.dtype)
         try:
             best = op.tune(p.m, top=args.top, reps=args.reps, budget_s=budget)
-            label = op._adapt(best).tag() if p.op == "ag_gemm" else best.tile.tag()
+            label = op._adapt(best, p.m).tag() if p.op == "ag_gemm" else best.tile.tag()
             say(f"\n{p.op} {p.label} m={p.m} n={n} k={k} {p.dtype}:\n{format_rows(op.last_tune, label)}")
         finally:
             op.close()

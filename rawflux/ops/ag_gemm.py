@@ -16,7 +16,8 @@ How a call runs (rank r, caller's stream s; the hazards of docs/ARCHITECTURE.md;
 order, tests/cpu simulate it across ranks):
   push (default): [s] own shard -> own rows of the gathered buffer + call record (one kernel),
       barrier; [s] the GEMM, whose TMA producer waits (bounded, ld.acquire.sys) only for the
-      chunks a tile's rows touch, visiting row segments r, r+1, ... (own rows first); [side
+      chunks a tile's rows touch, chunk-major: row segments r, r+1, ... (own rows first, then in
+      arrival order), its raster groups never spanning two chunks (fused_config); [side
       streams] for q = r-1, r-2, ...: copy the shard into rank q's rows [r*m/W, (r+1)*m/W) (a
       permutation per step: no two ranks write one peer at once; so chunk r+1 reaches rank r
       first), then set q's ready[r] to the call's epoch; [side 0] the call-record check; join.
@@ -62,7 +63,7 @@ from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
-           "chunk_span", "default_copy_sms"]
+           "chunk_span", "default_copy_sms", "chunk_group", "fused_config"]
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
@@ -124,6 +125,28 @@ def default_copy_sms(sms: int) -> int:
     want = env.ag_copy_sms()
     r = want if want is not None else min(16, sms // 4)
     return max(1, min(r, sms - 1))
+
+
+def chunk_group(m_local: int, tile, group: int) -> int:
+    """The raster group (tile rows walked along n) of the fused GEMM's chunk-major order: as
+    tall as ``group`` at most and, where a chunk is a whole number of cluster-tile rows, a divisor
+    of that number, so no group spans two chunks and a wave's tiles read the chunks that have
+    arrived (own first, then in arrival order) instead of waiting for later ones."""
+    rows = m_local // (tile.bm * tile.cluster_m)
+    if rows < 1:
+        return 1  # a tile spans several chunks anyway (decode)
+    if m_local % (tile.bm * tile.cluster_m):
+        return max(1, min(group, rows))  # chunk edges fall inside tiles: about one chunk per group
+    return max(d for d in range(1, min(group, rows) + 1) if rows % d == 0)
+
+
+def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
+    """A GEMM configuration as the fused call runs it: data-parallel on ``ctas`` CTAs (0: every
+    SM), a k-split pair replaced by its tile without the pair (k-split is split-K, compiled for the
+    plain GEMM only), and chunk-major (raster along n in groups of chunk_group rows)."""
+    tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
+    group = chunk_group(m // world, tile, max(1, base.group))
+    return replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas)
 
 
 @dataclass(frozen=True)
@@ -424,19 +447,16 @@ class AGGemm(CollectiveOp):
             if len(self._cfgs) > 4096:
                 self._cfgs.clear()
             base = self._forced.get(m) or self._stored(m) or self._default(m)
-            cfg = self._adapt(base)
+            cfg = self._adapt(base, m)
             self._cfgs[m] = cfg
         return cfg
 
     def _default(self, m: int) -> GemmConfig:
         return engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
 
-    def _adapt(self, base: GemmConfig) -> GemmConfig:
-        """A GEMM configuration as the fused call runs it: data-parallel, on the SMs it leaves free."""
-        ctas = self.sms - self.reserved_sms if self.reserved_sms else base.ctas
-        # k-split clusters are split-K too (and compiled for the plain GEMM only): their tile without the pair
-        tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
-        return replace(base, tile=tile, decomp=tune.DP, ctas=ctas)
+    def _adapt(self, base: GemmConfig, m: int) -> GemmConfig:
+        """A GEMM configuration as calls of m run it (fused_config), on the SMs the call leaves free."""
+        return fused_config(base, m, self.world, self.sms - self.reserved_sms if self.reserved_sms else base.ctas)
 
     # --- tuning (RAWFLUX_TUNE; rawflux/tune/collective.py) -------------------------------------------
     def _tune_id(self, m: int) -> str:
@@ -458,10 +478,10 @@ class AGGemm(CollectiveOp):
         first = self._default(m)
         dev = tune.device_info(self.device_id)
         ranked = sorted(tune.candidates(m, self.n, self.k, self.b_layout, dev, self.out_dtype.itemsize),
-                        key=lambda c: tune.estimate_us(m, self.n, self.k, self._adapt(c), dev, self.out_dtype.itemsize))
-        out, seen = [first], {self._adapt(first).tile}
+                        key=lambda c: tune.estimate_us(m, self.n, self.k, self._adapt(c, m), dev, self.out_dtype.itemsize))
+        out, seen = [first], {self._adapt(first, m).tile}
         for c in ranked:
-            t = self._adapt(c).tile
+            t = self._adapt(c, m).tile
             if len(out) >= top:
                 break
             if t not in seen:
@@ -487,7 +507,7 @@ class AGGemm(CollectiveOp):
             b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
             out = cupy.empty((m, self.n), dtype=self.out_dtype.np)
             return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
-                                   label=lambda c: self._adapt(c).tag())
+                                   label=lambda c: self._adapt(c, m).tag())
 
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,

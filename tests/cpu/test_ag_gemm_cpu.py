@@ -638,3 +638,68 @@ def test_ce_refused_between_mps_clients(monkeypatch, shares_under_mps, copy, rai
             A.ag_gemm(_a(), _b(), group, copy=copy, stream=0)
     else:
         A._check_copy_path(group, copy)  # the rule lets it through (building the op needs a device)
+
+
+# --------------------------------------------------------------------------------------------
+# chunk-major order (fused_config) and the link emulator (rawflux/bench/ag_local.py)
+
+
+def _tile(bm, bn, cluster_m=1):
+    from rawflux import tune
+
+    return next(t for t in tune.TILES if t.bm == bm and t.bn == bn and t.cluster_m == cluster_m and t.cluster_k == 1)
+
+
+@pytest.mark.parametrize("m_local,cluster_m,group,want", [
+    (512, 1, 8, 4),     # 4 tile rows per chunk: the whole chunk, not 8 rows over two chunks
+    (1024, 1, 8, 8),    # 8 rows: the pick's 8
+    (768, 1, 8, 6),     # 6 rows: 6 divides them
+    (1280, 1, 8, 5),    # 10 rows: 5, not 8 (8 would straddle chunk 0's end)
+    (512, 2, 8, 2),     # 2 cluster rows of 256
+    (64, 1, 8, 1),      # decode: a tile spans chunks
+    (1000, 1, 8, 7),    # chunk edges inside tiles: about one chunk per group
+])
+def test_chunk_group_keeps_groups_inside_chunks(m_local, cluster_m, group, want):
+    t = _tile(128, 256, cluster_m) if cluster_m > 1 else _tile(128, 256)
+    g = A.chunk_group(m_local, t, group)
+    assert g == want
+    rows = m_local // (t.bm * t.cluster_m)
+    if rows and m_local % (t.bm * t.cluster_m) == 0:
+        assert rows % g == 0
+
+
+def test_fused_config_is_chunk_major_data_parallel():
+    from rawflux import tune
+
+    base = tune.GemmConfig(_tile(128, 256, 2), tune.STREAM_K, 8, True, 0)
+    cfg = A.fused_config(base, 4096, 8, 131)
+    assert cfg.decomp == tune.DP and not cfg.raster_n and cfg.ctas == 131 and cfg.tile == base.tile
+    assert cfg.group == A.chunk_group(512, base.tile, 8) == 2
+    ks = next((t for t in tune.TILES if t.cluster_k > 1), None)
+    if ks is not None:
+        assert A.fused_config(tune.GemmConfig(ks, tune.DP), 4096, 2, 0).tile == tune.ksplit_base(ks)
+
+
+def test_link_emulator_arrivals_follow_the_push_schedule():
+    from rawflux.bench.ag_local import push_arrivals, t_gather_ms
+
+    for world in range(2, 9):
+        for rank in range(world):
+            arr = push_arrivals(rank, world, 1 << 20, 370.0)
+            # rank r receives chunk r + s at step s (push_targets: rank q writes q - s)
+            senders = {s: q for q in range(world) for s, t in enumerate(A.push_targets(q, world), 1) if t == rank}
+            assert [c for c, _ in arr] == [senders[s] for s in range(1, world)] == A.arrival_order(rank, world)[1:]
+            assert [round(t) for _, t in arr] == [round(s * (1 << 20) / 370.0) for s in range(1, world)]
+    assert t_gather_ms(8, 1024, 12288, 2, 370.0) == pytest.approx(7 * 128 * 12288 * 2 / 370e9 * 1e3)
+
+
+def test_link_emulator_args_match_cuda():
+    from rawflux.bench.ag_local import EMU_KERNEL, LINK_EMU_ARGS
+
+    src = ['#include "rawflux/kernels/link_emu.cu"', "namespace rawflux {",
+           f'static_assert(sizeof(LinkEmuArgs) == {LINK_EMU_ARGS.size}, "size");']
+    for name, off in (("ready", 0), ("epoch", 8), ("due_ns", 16), ("chunk", 24), ("count", 32)):
+        src.append(f'static_assert(__builtin_offsetof(LinkEmuArgs, {name}) == {off}, "{name}");')
+    src.append("}")
+    res = compile_cubin("\n".join(src) + "\n", arch="sm_90a", name_expressions=(EMU_KERNEL,))
+    _no_spills(res, (EMU_KERNEL,))

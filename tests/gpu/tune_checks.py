@@ -60,7 +60,7 @@ def worker(args) -> int:
 
     m, n, k = 2048, 2048, 1024
     for op_name, make, label in (("gemm_rs", lambda: GemmRS(group, m, n, k // W, "bf16"), lambda op, c: c.tile.tag()),
-                                 ("ag_gemm", lambda: AGGemm(group, m, n // W, k, "bf16"), lambda op, c: op._adapt(c).tag())):
+                                 ("ag_gemm", lambda: AGGemm(group, m, n // W, k, "bf16"), lambda op, c: op._adapt(c, m).tag())):
         op = make()
         t0 = time.perf_counter()
         try:
@@ -96,7 +96,7 @@ def worker(args) -> int:
                 b = _rand(cp, (n // W, k), 40 + r)
                 out = cp.full((m, n // W), cp.nan, dtype=a.dtype)
                 op(a, b, out=out)
-                used = op._adapt(op.last_config).tag() if op.last_config else "?"
+                used = op.last_config.tag() if op.last_config else "?"
                 gathered = cp.concatenate([cp.asarray(x) for x in comm.allgather(cp.asnumpy(a))])
                 want = gathered.astype(cp.float64) @ b.astype(cp.float64).T
             cp.cuda.Device().synchronize()

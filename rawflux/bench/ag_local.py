@@ -1,0 +1,140 @@
+"""AllGather-GEMM's fused GEMM of one rank at world W, on one GPU, without a group (no MPI, no IPC).
+
+The peers' chunks are already in this rank's gathered buffer; what changes is when their ready
+flags are released:
+  * ``AgLocal.tax(...)``: every flag already set. The fused kernel (AgWait prologue, the fused
+    configuration, every SM) against rawflux.gemm on the gathered A: the fusion tax, no link.
+  * ``AgLocal.link(...)``: the link emulator. A one-thread kernel (kernels/link_emu.cu), launched
+    just before the GEMM with the GEMM as its programmatic dependent, releases chunk (r + s) mod W's
+    flag at s x chunk_bytes / G (the push schedule of ops/ag_gemm.py: one chunk at a time out of
+    each rank, chunk r + 1 first), so the GEMM waits as it would behind a link of G GB/s. The own
+    rows are copied into the gathered buffer first, as a call does. Not modelled: the barrier and
+    call-record check (a few us), and the HBM writes the arriving chunks would make. The
+    emulator's CTA takes one SM from the GEMM (131 of 132 on an H200), which the times include.
+"""
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+
+import numpy as np
+
+from .. import engine
+from ..dist.layout import CTRL_EPOCH, MAX_WORLD
+from ..jit import register
+from ..ops import ag_gemm as A
+from ..runtime import DType, as_tensor
+from .rs_local import _alloc, _FakeGroup, _group_ctrl
+
+EMU_KERNEL_FILE = "link_emu.cu"
+EMU_KERNEL = "rawflux::link_emu_kernel"
+LINK_EMU_ARGS = struct.Struct("<QQQQii")  # LinkEmuArgs (kernels/link_emu.cu): ready, epoch, due_ns, chunk, count, pad
+EPOCH = 1  # every emulated call's epoch: its flags are zeroed before it, released to 1 by the emulator
+
+register(EMU_KERNEL_FILE, EMU_KERNEL, archs=("sm_90a",))  # python -m rawflux.check_kernels compiles it
+
+
+def push_arrivals(rank: int, world: int, chunk_bytes: int, gbps: float) -> list[tuple[int, float]]:
+    """(chunk, ns after the call starts) in landing order on ``rank``: chunk (rank + s) mod W at
+    s x chunk_bytes / G (ops.ag_gemm.push_targets' steps, one chunk per step out of every rank)."""
+    t_chunk_ns = chunk_bytes / gbps  # bytes / (GB/s) = ns
+    return [((rank + s) % world, s * t_chunk_ns) for s in range(1, world)]
+
+
+def t_gather_ms(world: int, m: int, k: int, itemsize: int, gbps: float) -> float:
+    """(W - 1) chunks over one link of G GB/s, one after another (the push schedule)."""
+    return (world - 1) * (m // world) * k * itemsize / gbps * 1e-6
+
+
+class AgLocal:
+    """Rank ``rank`` of an AGGemm at world W, without a group (see the module docstring).
+
+    AgLocal(world, max_m, n, k, dtype="bf16"): n is this rank's n (n_local), k the full k.
+    ``gathered(m)`` is the (m, k) CuPy view the GEMM reads (fill it before timing: the peers'
+    rows stay as filled, the own rows are rewritten from a_shard by each ``link`` call);
+    ``tax(b, out, m, stream)`` and ``link(a_shard, b, out, m, gbps, stream)`` issue one call each;
+    ``config(m, link=)`` is the configuration each runs (the op's rule: ops.ag_gemm.fused_config).
+    """
+
+    def __init__(self, world: int, max_m: int, n: int, k: int, dtype="bf16", *, rank: int = 0, timeout_s: float = 10.0):
+        import cupy
+
+        from .. import tune
+
+        if not 2 <= world <= MAX_WORLD or not 0 <= rank < world:
+            raise ValueError(f"AgLocal: world {world}, rank {rank}")
+        dt = DType.from_any(dtype)
+        keep: list = []
+        ctrl, status, ctrl_buf = _group_ctrl(rank, world, timeout_s, keep)
+        op = object.__new__(A.AGGemm)  # CollectiveOp's state by hand, then AGGemm's own
+        op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
+        op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
+        op._group_ctrl, op._epoch_ptr = ctrl, ctrl_buf + CTRL_EPOCH
+        op.n, op.k, op.dtype, op.out_dtype, op.b_layout = int(n), int(k), dt, dt, "nk"
+        op.direction, op.copy = "push", "ce"
+        op.m_local_cap = int(max_m) // world
+        op.max_m = op.m_local_cap * world
+        op.row_bytes = op.k * dt.itemsize
+        op._cfgs, op._forced, op.tunable, op.last_tune, op.last_config = {}, {}, False, [], None
+        op.sms = tune.device_info(0).sms
+        op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
+        op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
+        self._ready = _alloc(4 * MAX_WORLD, keep)
+        self._ready.view(np.uint32)[:] = EPOCH  # every chunk landed (the tax's state)
+        op._ready = SimpleNamespace(ptr=int(self._ready.data.ptr))
+        op._meta = SimpleNamespace(ptr=0)  # no call record: ag_local_kernel skips it
+        cupy.cuda.runtime.memcpy(op._epoch_ptr, np.array([EPOCH], dtype=np.uint32).ctypes.data, 4,
+                                 cupy.cuda.runtime.memcpyHostToDevice)
+        self.op, self.status, self.world, self.rank, self._keep = op, status, world, rank, keep
+        self._emu = op.kernel(EMU_KERNEL_FILE, EMU_KERNEL)
+        op.kernel(A.KERNEL_FILE, A.LOCAL_KERNEL)
+        self._due: dict[tuple, tuple] = {}
+        self._no_meta = A.META_FIELDS_STRUCT.pack(*([0] * 14))
+        cupy.cuda.Device(0).synchronize()
+
+    @property
+    def sms(self) -> int:
+        return self.op.sms
+
+    def gathered(self, m: int):
+        return self.op.gathered(m)
+
+    def config(self, m: int, *, link: bool = False, base=None):
+        """The fused configuration of calls of m (fused_config over rawflux.gemm's pick, or over
+        ``base``); behind the emulator on one SM fewer."""
+        op = self.op
+        return A.fused_config(op._default(m) if base is None else base, m, self.world, op.sms - 1 if link else 0)
+
+    def failed(self) -> int:
+        return self.status.state()
+
+    def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool) -> None:
+        op = self.op
+        op._launch_gemm(s, op._prepare_gemm(s, cfg, m // self.world, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0), pdl=pdl)
+        op.last_config = cfg
+
+    def tax(self, b, out, m: int, stream: int, cfg=None) -> None:
+        """One call with every chunk landed (the flags a link call leaves, or the initial ones)."""
+        self._gemm(stream, cfg or self.config(m), m, b, out, pdl=False)
+
+    def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None) -> None:
+        """One call behind the emulated link of ``gbps`` GB/s (see the module docstring)."""
+        import cupy
+        from cupy.cuda import runtime
+
+        op, W = self.op, self.world
+        m_loc = m // W
+        ta = as_tensor(a_shard, "a_shard")
+        if ta.shape != (m_loc, op.k):
+            raise ValueError(f"AgLocal.link: a_shard is {tuple(ta.shape)}, not ({m_loc}, {op.k})")
+        op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._no_meta)
+        runtime.memsetAsync(int(self._ready.data.ptr), 0, 4 * W, stream)  # no peer chunk of this call has landed
+        key = (m, float(gbps))
+        if key not in self._due:
+            arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps)
+            self._due[key] = (cupy.asarray(np.array([round(t) for _, t in arr], dtype=np.uint64)),
+                              cupy.asarray(np.array([q for q, _ in arr], dtype=np.int32)))
+        due, chunk = self._due[key]
+        args = LINK_EMU_ARGS.pack(int(self._ready.data.ptr), op.epoch_ptr, int(due.data.ptr), int(chunk.data.ptr), len(due), 0)
+        engine.launch(self._emu, 1, 32, 1, 0, stream, (args,))
+        self._gemm(stream, cfg or self.config(m, link=True), m, b, out, pdl=True)
