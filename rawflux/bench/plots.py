@@ -165,10 +165,8 @@ def fused_figures(bench_files) -> list:
 # fusion tax
 
 
-def fusion_tax_figure(d: dict):
-    """fused / rawflux.gemm (the ratio) against m: one subplot per world, one line per shape, the bar dashed."""
-    rows = d["rows"]
-    bar = d.get("bar", 1.03)
+def _ratio_figure(rows, bar: float, ylabel: str, title: str):
+    """rows' ratio against m: one subplot per world, one line per shape, the bar dashed."""
     worlds = sorted({r["world"] for r in rows})
     fig = _figure(figsize=(4.2 * max(1, len(worlds)), 3.8), layout="constrained")
     axes = fig.subplots(1, max(1, len(worlds)), squeeze=False, sharey=True).ravel()
@@ -183,9 +181,27 @@ def fusion_tax_figure(d: dict):
         ax.set_title(f"W = {w}", fontsize=9)
         ax.set_xlabel("m")
         ax.legend(fontsize=6)
-    axes[0].set_ylabel("fused / rawflux.gemm (ms)")
-    fig.suptitle("GEMM-ReduceScatter's fusion tax (one GPU, no link)", fontsize=10)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
     return fig
+
+
+TAX_TITLES = {"gemm_rs": "GEMM-ReduceScatter", "ag_gemm": "AllGather-GEMM"}
+
+
+def fusion_tax_figure(d: dict, op: str = "gemm_rs"):
+    """fused / rawflux.gemm against m for one op of a fusion-tax file (benchmarks/fusion_tax.py)."""
+    bars = d.get("bar", 1.03)
+    bar = bars.get(op, 1.03) if isinstance(bars, dict) else bars
+    rows = [r for r in d["rows"] if r.get("op", "gemm_rs") == op]
+    return _ratio_figure(rows, bar, "fused / rawflux.gemm (ms)", f"{TAX_TITLES.get(op, op)}'s fusion tax (one GPU, no link)")
+
+
+def ag_link_figure(d: dict):
+    """AllGather-GEMM behind the link emulator: fused / max(rawflux.gemm, T_gather) against m."""
+    gbps = ", ".join(f"{g:g}" for g in sorted({r["link_gbps"] for r in d["rows"]}))
+    return _ratio_figure(d["rows"], d.get("bar", 1.03), "fused / max(gemm, gather)",
+                         f"AllGather-GEMM behind the link emulator ({gbps} GB/s, one GPU)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,7 +305,7 @@ def performance_report(results_dir=None) -> list:
     from .report import SCHEMA
 
     results = Path(results_dir) if results_dir is not None else default_results_dir()
-    gemms, taxes, bench = [], [], []
+    gemms, taxes, links, bench = [], [], [], []
     for p in sorted(results.glob("*.json")):
         try:
             d = json.loads(p.read_text())
@@ -299,6 +315,10 @@ def performance_report(results_dir=None) -> list:
             continue
         if d.get("kind") == "fusion-tax":
             taxes.append((p.name, d))
+        elif d.get("kind") == "ag-link-emu":
+            links.append((p.name, d))
+        elif d.get("kind"):
+            continue  # another benchmark's file
         elif d.get("schema") == SCHEMA:
             bench.append(p)
         elif "rows" in d:
@@ -311,7 +331,10 @@ def performance_report(results_dir=None) -> list:
                 title = f"rawflux.gemm against cuBLAS, {dt} ({name})"
                 out.append((title, gemm_figure(rows, dt, title=title)))
     for name, d in taxes:
-        out.append((f"GEMM-ReduceScatter fusion tax ({name})", fusion_tax_figure(d)))
+        for op in sorted({r.get("op", "gemm_rs") for r in d["rows"]}, key=lambda o: o != "gemm_rs"):
+            out.append((f"{TAX_TITLES.get(op, op)} fusion tax ({name})", fusion_tax_figure(d, op)))
+    for name, d in links:
+        out.append((f"AllGather-GEMM behind the link emulator ({name})", ag_link_figure(d)))
     figs = fused_figures(bench)
     out += [f for f in figs if not f[1].rawflux_emulated] + [f for f in figs if f[1].rawflux_emulated]
     return out

@@ -295,7 +295,7 @@ def test_benchmarks_md_renders_layer_rows(tmp_path):
     assert "| 2 | emulated | llama70b | 1024 | FAILED | 3.000 | - | 1.000 | FAILED | - | FAILED |" in text
     assert text.index("| 8 | GPUs | llama70b | 1024") < text.index("| 2 | emulated")  # real GPUs first
     assert "rawflux-launch --emulate 2 -m rawflux.bench --op layer --quick`" in text
-    assert "## Emulated node: correctness-only timings" not in text  # that section is the fused ops'
+    assert "## Emulated node: correctness-only runs" not in text  # that section is the fused ops'
     assert rep.superseded(rep.load(tmp_path)) == []
 
 

@@ -106,6 +106,26 @@ def test_fusion_tax_figure_one_subplot_per_world():
         assert len(bar) == 1 and list(bar[0].get_ydata()) == [1.03, 1.03] and bar[0].get_linestyle() == "--"
 
 
+def test_fusion_tax_figure_per_op_and_the_link_figure(tmp_path):
+    d = _tax()
+    ag = [r | {"op": "ag_gemm", "ratio": r["ratio"] + 1.0} for r in d["rows"] if r["world"] == 2]
+    d = d | {"bar": {"gemm_rs": 1.03, "ag_gemm": 1.02}, "rows": d["rows"] + ag}
+    fig = plots.fusion_tax_figure(d, "ag_gemm")
+    (ax,) = fig.axes
+    assert "AllGather-GEMM" in fig._suptitle.get_text()
+    assert _series(ax)["a"][1] == pytest.approx([r["ratio"] for r in ag if r["shape"] == "a"])
+    (bar,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("_bar")]
+    assert list(bar.get_ydata()) == [1.02, 1.02]
+    link = {"kind": "ag-link-emu", "bar": 1.03, "rows": [r | {"link_gbps": 370.0} for r in ag]}
+    (tmp_path / "fusion-tax.json").write_text(json.dumps(d))
+    (tmp_path / "ag-link-emu.json").write_text(json.dumps(link))
+    (tmp_path / "gemm.json").write_text(json.dumps({"rows": _gemm_rows()}))
+    titles = [t for t, _ in plots.performance_report(tmp_path)]
+    assert any(t.startswith("GEMM-ReduceScatter fusion tax") for t in titles)
+    assert any(t.startswith("AllGather-GEMM fusion tax") for t in titles)
+    assert any(t.startswith("AllGather-GEMM behind the link emulator") for t in titles)
+
+
 def test_fused_figures_series_and_emulated_titles(tmp_path):
     real, emu = _bench(False), _bench(True)
     (tmp_path / "r.json").write_text(json.dumps(real))
