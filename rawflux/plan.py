@@ -1,4 +1,4 @@
-"""GEMM-ReduceScatter's tile order on the CPU: link loads, a predicted time and the wait-graph check.
+"""The fused ops' tile orders on the CPU: GEMM-RS's link loads and wait graph, AG-GEMM's chunk waits; a predicted time.
 
     python -m rawflux.plan gemm_rs --world 8 --m 4096 --n 8192 --k 1024 [--tile TAG] [--link-gbps 370]
         [--delay D] [--sms 132 | --sms 132,120,...] [--dtype bf16] [--partials bf16|fp32] [--json]
@@ -18,6 +18,25 @@ grid when --sms lists one count per rank) or --tile. The model (rawflux/tune/rs_
     flag, then waits for its W - 1 peer flags) runs to the end without a deadlock.
 Exit status 1 where the wait graph is not acyclic (or an own tile waits for a later position), 2 on
 bad arguments.
+
+    python -m rawflux.plan ag_gemm --world 8 --m 4096 --n 6144 --k 12288 [--tile TAG] [--link-gbps 370]
+        [--sms 132] [--rank 0] [--dtype bf16] [--json]
+
+n is this rank's n (n_local), k the full k. The configuration is the fused call's (ops.ag_gemm.
+fused_config, on every SM: the copy engine takes none) of the plain GEMM's heuristic pick on an
+H200's DeviceInfo (no tuning store; --tile replaces the pick's tile). The model (rawflux/tune/
+ag_order.py's order and arrivals):
+  * a unit (one cluster tile, data-parallel) takes T_gemm_fused / waves, T_gemm_fused being
+    tune.estimate_us of the fused configuration; cluster c runs units c, c + G, ... back to back, a
+    unit starting once its cluster is free and the latest chunk its rows touch has landed;
+  * chunk rank + s lands at s x T_chunk (m/W x k bytes over one link; push and pull alike), the own
+    chunk at 0; T_gather = (W - 1) T_chunk;
+  * before the GEMM: the own rows' copy (read and write at DRAM rate) and LAUNCH_US for the barrier
+    and launch; predicted = that + the last cluster's end. T_gemm_best is the plain pick's own time
+    (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
+Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
+first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
+Exit status 2 on bad arguments.
 """
 from __future__ import annotations
 
@@ -25,11 +44,14 @@ import argparse
 import json
 import sys
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from . import tune
+from .ops.ag_gemm import DTYPES as AG_DTYPES
+from .ops.ag_gemm import _check_nk, fused_config
 from .ops.gemm_rs import PARTIALS, choose_config, rs_tiles
 from .runtime import DType
+from .tune import ag_order
 from .tune.rs_order import per_owner_tiles, rows_per_owner, rs_order
 
 LAUNCH_US = 5.0  # a launch and the kernel's start (call record push), a rough lead
@@ -266,6 +288,122 @@ def _parse_tile(tag: str, b_layout: str) -> tune.TileConfig:
 
 
 # ------------------------------------------------------------------------------------------------
+# AllGather-GEMM: the tile order against the chunk arrivals
+
+
+@dataclass(frozen=True)
+class AgPrediction:
+    tile: str
+    config: str  # the fused call's GemmConfig tag
+    base: str  # the configuration it was adapted from (the heuristic's pick, --tile's tile in it)
+    best: str  # the heuristic's pick: rawflux.gemm alone on the gathered A
+    world: int
+    rank: int
+    m: int
+    n: int  # this rank's n
+    k: int
+    m_local: int
+    sms: int
+    clusters: int  # G
+    ctiles_m: int
+    ctiles_n: int
+    group: int  # raster group (cluster rows walked along n)
+    shift: int  # cluster rows the rotation moves this rank's order up by
+    units: int
+    waves: int
+    unit_us: float
+    link_gbps: float
+    chunk_us: float  # T_chunk: one chunk over the link
+    arrival_us: list  # per chunk
+    wave_units: list  # per wave: units in it
+    wave_steps: list  # per wave: the arrival steps of the chunks its units read
+    wave_need_us: list  # per wave: the latest arrival its units need
+    wave_wait_us: list  # per wave: the longest wait of a unit for its chunks after its cluster was free
+    wait_us: float  # the waves' waits summed
+    t_gemm_fused_us: float
+    t_gemm_best_us: float
+    t_gather_us: float
+    copy_us: float  # own shard -> own rows of the gathered buffer
+    launch_us: float  # barrier + launch
+    fixed_us: float
+    gemm_end_us: float  # after the GEMM starts
+    predicted_us: float
+    ratio_fused: float  # predicted / max(T_gemm_fused, T_gather)
+    ratio_best: float  # predicted / max(T_gemm_best, T_gather)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: float = 370.0, sms: int = H200_SMS,
+               rank: int = 0, dtype: str = "bf16") -> AgPrediction:
+    """The AG-GEMM model for one call shape on one rank; tile a TileConfig, a tag, or None (the pick's)."""
+    if world < 2:
+        raise ValueError(f"world={world}: the fused op gathers from at least 2 ranks (world 1 runs rawflux.gemm)")
+    if m < world or m % world:
+        raise ValueError(f"m={m} is not a positive multiple of the world size {world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in 0..{world - 1}")
+    _check_nk(n, k)
+    if not link_gbps > 0:
+        raise ValueError(f"link bandwidth {link_gbps} GB/s is not positive")
+    dt = DType.from_any(dtype)
+    if dt not in AG_DTYPES:
+        raise ValueError(f"dtype {dtype!r}: ag_gemm takes bf16 or f16")
+    dev = h200(int(sms))
+    item = dt.itemsize  # the output is in the input's type
+    best = tune.heuristic(m, n, k, "nk", dev, item)
+    base = best if tile is None else replace(best, tile=_ag_tile(tile) if isinstance(tile, str) else tile)
+    cfg = fused_config(base, m, world, dev.sms)  # the copy engine reserves no SM between GPUs
+    t = cfg.tile
+    if t.cluster_size > dev.sms:
+        raise ValueError(f"tile {t.tag()} needs clusters of {t.cluster_size} CTAs, more than the {dev.sms} SMs")
+    m_loc = m // world
+    order = ag_order.ag_units(m, n, world, rank, t, cfg.group, cfg.raster_n)
+    g = dev.sms // t.cluster_size  # as estimate_us's slots
+    waves = _cdiv(len(order), g)
+    t_fused = tune.estimate_us(m, n, k, cfg, dev, item)
+    t_best = tune.estimate_us(m, n, k, best, dev, item)
+    arr = ag_order.arrival_us(world, rank, m_loc, k, item, link_gbps)
+    t_chunk = arr[(rank + 1) % world]
+    t_gather = (world - 1) * t_chunk
+    need = ag_order.unit_need_us(order, t, m, world, arr)
+    unit_us = t_fused / waves
+    sim = ag_order.simulate(need, g, unit_us)
+    w_units, w_steps, w_need, w_wait = [], [], [], []
+    for w in range(waves):
+        us = range(w * g, min((w + 1) * g, len(order)))
+        steps = set()
+        for cm in {order[u][0] for u in us}:
+            first, last = ag_order.unit_span(cm, t, m, world)
+            steps.update(ag_order.arrival_step(q, rank, world) for q in range(first, last + 1))
+        w_units.append(len(us))
+        w_steps.append(sorted(steps))
+        w_need.append(max(need[u] for u in us))
+        w_wait.append(max(sim.wait(u) for u in us))
+    copy_us = 2 * m_loc * k * item / dev.dram_bytes_per_s * 1e6  # read the shard, write the own rows
+    fixed = copy_us + LAUNCH_US
+    predicted = fixed + sim.gemm_end
+    ctm, ctn = ag_order.ctiles(m, n, t)
+    return AgPrediction(t.tag(), cfg.tag(), base.tag(), best.tag(), world, rank, m, n, k, m_loc, dev.sms, g, ctm, ctn,
+                        cfg.group, ag_order.row_shift(m, world, rank, t), len(order), waves, unit_us, link_gbps, t_chunk, arr,
+                        w_units, w_steps, w_need, w_wait, sum(w_wait), t_fused, t_best, t_gather, copy_us, LAUNCH_US,
+                        fixed, sim.gemm_end, predicted, predicted / max(t_fused, t_gather),
+                        predicted / max(t_best, t_gather))
+
+
+def _ag_tile(tag: str) -> tune.TileConfig:
+    """An AG-GEMM tile by its TileConfig tag, or by a GemmConfig tag of one (a k-split pair runs
+    as its tile without the pair: fused_config)."""
+    tiles = [t for t in (*tune.TILES, *tune.KSPLIT_TILES) if t.supports("nk")]
+    tile = tune.parse_tag(tag).tile if "/" in tag else None
+    for t in tiles:
+        if t == tile or t.tag() == tag:
+            return t
+    raise ValueError(f"tile {tag!r} is not an AG-GEMM tile (use one of {', '.join(t.tag() for t in tiles)})")
+
+
+# ------------------------------------------------------------------------------------------------
 # command line
 
 
@@ -293,6 +431,38 @@ def _report(p: Prediction) -> str:
     return "\n".join(lines)
 
 
+def _report_ag(p: AgPrediction) -> str:
+    lines = [
+        f"ag_gemm W={p.world} rank {p.rank} m={p.m} n={p.n} k={p.k}: tile {p.tile}, config {p.config} (plain pick {p.best}), "
+        f"G={p.clusters}, {p.units} units ({p.ctiles_m} x {p.ctiles_n} cluster tiles, group {p.group}, shift {p.shift}), "
+        f"waves={p.waves}, unit {p.unit_us:.2f} us",
+        f"chunk {p.m_local} rows: {p.chunk_us:.2f} us per step at {p.link_gbps:g} GB/s (chunk rank + s lands at step s)",
+        "per wave: units, the chunks they read (arrival steps), the latest arrival they need, the exposed wait",
+    ]
+    for w in range(p.waves):
+        lines.append(f"  wave {w:3d}: {p.wave_units[w]:4d} units  steps {_steps(p.wave_steps[w]):9s}"
+                     f"  need {p.wave_need_us[w]:8.1f} us  wait {p.wave_wait_us[w]:7.2f} us")
+    lines += [
+        f"exposed wait {p.wait_us:.1f} us summed over the waves",
+        f"T_gemm_fused {p.t_gemm_fused_us:.1f} us, T_gemm_best {p.t_gemm_best_us:.1f} us, T_gather {p.t_gather_us:.1f} us",
+        f"fixed {p.fixed_us:.1f} us (own rows {p.copy_us:.1f} us + barrier and launch {p.launch_us:.1f} us) "
+        f"+ GEMM end {p.gemm_end_us:.1f} us: predicted {p.predicted_us:.1f} us",
+        f"predicted / max(T_gemm_fused, T_gather) = {p.ratio_fused:.3f}, predicted / max(T_gemm_best, T_gather) = {p.ratio_best:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def _steps(steps) -> str:
+    """Arrival steps as runs: [0, 1, 2, 5] -> '0-2,5'."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _one(v):
     return v[0] if len(set(v)) == 1 else v
 
@@ -312,7 +482,20 @@ def main(argv=None) -> int:
     g.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     g.add_argument("--partials", default=None, choices=tuple(PARTIALS))
     g.add_argument("--json", action="store_true")
+    g = sub.add_parser("ag_gemm", help="AllGather-GEMM's tile order against the chunk arrivals: waits, time")
+    g.add_argument("--world", type=int, required=True)
+    g.add_argument("--m", type=int, required=True, help="every rank's rows (m / W per shard)")
+    g.add_argument("--n", type=int, required=True, help="this rank's n (n_local)")
+    g.add_argument("--k", type=int, required=True, help="the full k")
+    g.add_argument("--tile", default=None, help="a tile tag (default: the plain GEMM's pick's)")
+    g.add_argument("--link-gbps", type=float, default=370.0)
+    g.add_argument("--sms", type=int, default=H200_SMS)
+    g.add_argument("--rank", type=int, default=0)
+    g.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
+    g.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.op == "ag_gemm":
+        return _main_ag(a)
     sms = [int(s) for s in a.sms.split(",")]
     try:
         p = predict(a.world, a.m, a.n, a.k, tile=a.tile, link_gbps=a.link_gbps, delay=a.delay,
@@ -322,6 +505,16 @@ def main(argv=None) -> int:
         return 2
     print(json.dumps(p.to_json()) if a.json else _report(p))
     return 0 if p.wait_graph.ok else 1
+
+
+def _main_ag(a) -> int:
+    try:
+        p = predict_ag(a.world, a.m, a.n, a.k, tile=a.tile, link_gbps=a.link_gbps, sms=a.sms, rank=a.rank, dtype=a.dtype)
+    except ValueError as e:
+        print(f"rawflux.plan: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(p.to_json()) if a.json else _report_ag(p))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""AllGather-GEMM's tile order and chunk arrivals, as pure integer functions (rawflux.plan ag_gemm
+and tests/cpu run them over the shape grid; no CUDA, no op import).
+
+The fused GEMM on rank r of W is TileSchedT's data-parallel order (gemm/scheduler/tile.cuh) with
+the fused ops' row rotation: cluster tile cu -> (cm, cn) by the grouped raster (plans.raster), then
+cm moves up by the tile rows before rank r's segment, shift = ceil(r * m / W / (BM * cluster_m)), mod
+the cluster rows. Cluster c of G runs units c, c + G, c + 2G, ...; a unit's rows are its cluster
+row's, clipped at m, and it waits for every chunk (m / W rows, chunk q = rank q's shard) they touch
+(AgWait in fused/ag_gemm.cuh; ops.ag_gemm.chunk_span is the same rule).
+
+Arrivals (push or pull, copy engine): chunk (r + s) mod W lands at s x one chunk's link time, the
+own chunk is there at 0 (ops.ag_gemm.arrival_order).
+
+Limits: every unit takes the same time (a wave of the model's GEMM time); a chunk lands whole at
+once (the flag follows the data); the link runs at one rate with no contention or latency.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .configs import TileConfig
+from .plans import raster
+
+__all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "row_shift",
+           "simulate", "unit_need_us", "unit_span"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def ctiles(m: int, n: int, tile: TileConfig) -> tuple[int, int]:
+    """(cluster rows, cluster columns) of an (m, n) output (TileSchedT's ctiles_m, ctiles_n)."""
+    return _cdiv(_cdiv(m, tile.bm), tile.cluster_m), _cdiv(_cdiv(n, tile.bn), tile.cluster_n)
+
+
+def row_shift(m: int, world: int, rank: int, tile: TileConfig) -> int:
+    """Cluster rows the rotation moves rank's order up by: those starting before its segment
+    (seg_count = W, seg_start = rank; rounded up, as the kernel does: a row shared with the
+    previous segment, the last to arrive, comes last)."""
+    ctm = ctiles(m, 1, tile)[0]
+    return _cdiv(rank * (m // world), tile.bm * tile.cluster_m) % ctm
+
+
+def ag_units(m: int, n: int, world: int, rank: int, tile: TileConfig, group: int, raster_n: bool = False) -> list[tuple[int, int]]:
+    """(cluster row, cluster column) of every unit, in unit order, on rank (data-parallel: one
+    unit per cluster tile)."""
+    ctm, ctn = ctiles(m, n, tile)
+    shift = row_shift(m, world, rank, tile) if world > 1 else 0
+    out = []
+    for cu in range(ctm * ctn):
+        cm, cn = raster(cu, ctm, ctn, group, raster_n)
+        out.append(((cm + shift) % ctm, cn))
+    return out
+
+
+def cluster_rows(cm: int, tile: TileConfig, m: int) -> tuple[int, int]:
+    """Rows [first, end) of A (and of the output) cluster row cm covers, clipped at m."""
+    rows = tile.bm * tile.cluster_m
+    return cm * rows, min(m, (cm + 1) * rows)
+
+
+def chunk_span(m0: int, rows: int, m_local: int) -> tuple[int, int]:
+    """Chunks (first, last) rows [m0, m0 + rows) touch; (0, -1) for none (ops.ag_gemm.chunk_span)."""
+    if rows <= 0:
+        return (0, -1)
+    return (m0 // m_local, (m0 + rows - 1) // m_local)
+
+
+def unit_span(cm: int, tile: TileConfig, m: int, world: int) -> tuple[int, int]:
+    """Chunks (first, last) cluster row cm reads."""
+    r0, r1 = cluster_rows(cm, tile, m)
+    first, last = chunk_span(r0, r1 - r0, m // world)
+    return first, min(last, world - 1)
+
+
+def arrival_step(chunk: int, rank: int, world: int) -> int:
+    """Step at which chunk lands on rank: 0 for the own chunk, s for chunk rank + s."""
+    return (chunk - rank) % world
+
+
+def arrival_us(world: int, rank: int, m_local: int, k: int, itemsize: int, gbps: float) -> list[float]:
+    """When each chunk (indexed by chunk) is in rank's gathered buffer, in us after the GEMM starts:
+    one chunk's m_local x k bytes per step over a link of gbps GB/s (bytes / (GB/s) = ns)."""
+    t_chunk = m_local * k * itemsize / gbps * 1e-3
+    return [arrival_step(q, rank, world) * t_chunk for q in range(world)]
+
+
+def unit_need_us(units, tile: TileConfig, m: int, world: int, arrivals) -> list[float]:
+    """Per unit: the arrival of the latest chunk it reads."""
+    spans = {}
+    out = []
+    for cm, _ in units:
+        if cm not in spans:
+            first, last = unit_span(cm, tile, m, world)
+            spans[cm] = max(arrivals[q] for q in range(first, last + 1))
+        out.append(spans[cm])
+    return out
+
+
+@dataclass(frozen=True)
+class AgSim:
+    free: list  # per unit: when its cluster finished the unit before (0 for the first)
+    start: list  # per unit: max(free, the latest chunk it needs)
+    end: list  # per unit: start + the unit's time
+    gemm_end: float  # the last cluster's end
+
+    def wait(self, u: int) -> float:
+        return self.start[u] - self.free[u]
+
+
+def simulate(need, clusters: int, unit_us: float) -> AgSim:
+    """Each of the G clusters runs its units (c, c + G, ...) one after another, a unit starting once
+    its cluster is free and its chunks have landed."""
+    free, start, end = [0.0] * len(need), [0.0] * len(need), [0.0] * len(need)
+    for c in range(min(clusters, len(need))):
+        t = 0.0
+        for u in range(c, len(need), clusters):
+            free[u] = t
+            start[u] = max(t, need[u])
+            t = end[u] = start[u] + unit_us
+    return AgSim(free, start, end, max(end, default=0.0))
