@@ -17,7 +17,8 @@ order, tests/cpu simulate it across ranks):
   push (default): [s] own shard -> own rows of the gathered buffer + call record (one kernel),
       barrier; [s] the GEMM, whose TMA producer waits (bounded, ld.acquire.sys) only for the
       chunks a tile's rows touch, chunk-major: row segments r, r+1, ... (own rows first, then in
-      arrival order), its raster groups never spanning two chunks (fused_config); [side
+      arrival order), its raster groups never spanning two chunks (fused_config), a row shared
+      with chunk r-1 last (rotation); [side
       streams] for q = r-1, r-2, ...: copy the shard into rank q's rows [r*m/W, (r+1)*m/W) (a
       permutation per step: no two ranks write one peer at once; so chunk r+1 reaches rank r
       first), then set q's ready[r] to the call's epoch; [side 0] the call-record check; join.
@@ -63,7 +64,7 @@ from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
-           "chunk_span", "default_copy_sms", "chunk_group", "fused_config"]
+           "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation"]
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
@@ -138,6 +139,15 @@ def chunk_group(m_local: int, tile, group: int) -> int:
     if m_local % (tile.bm * tile.cluster_m):
         return max(1, min(group, rows))  # chunk edges fall inside tiles: about one chunk per group
     return max(d for d in range(1, min(group, rows) + 1) if rows % d == 0)
+
+
+def rotation(m: int, world: int, rank: int, tile) -> tuple[int, int]:
+    """(seg_count, seg_start) of the GEMM's row rotation: rank's order starts at the first cluster
+    row wholly inside its own chunk, so a row shared with chunk rank - 1 (the last to land) comes
+    last, not first. TileSchedT moves cluster rows up by seg_start * (m / seg_count) // rows
+    (rounding down), so it gets one-row segments (seg_count = m) and that row as seg_start."""
+    rows = tile.bm * tile.cluster_m
+    return m, -(-rank * (m // world) // rows) * rows
 
 
 def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
@@ -639,9 +649,10 @@ class AGGemm(CollectiveOp):
         epilogue = engine.plain_epilogue(self.out_dtype)  # the plain GEMM's: TmaStore for 16-bit C
         epi = engine.epilogue_params(epilogue, tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
+        seg_count, seg_start = rotation(m, self.world, self.rank, cfg.tile)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
-                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=epilogue, seg_count=self.world,
-                           seg_start=self.rank, timeout_ns=self.pipeline_timeout_ns())
+                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=epilogue, seg_count=seg_count,
+                           seg_start=seg_start, timeout_ns=self.pipeline_timeout_ns())
         return plan, plan.args(self._gath.ptr, tb.ptr, k, ldb, pro, epi)
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:

@@ -35,8 +35,8 @@ def ctiles(m: int, n: int, tile: TileConfig) -> tuple[int, int]:
 
 
 def row_shift(m: int, world: int, rank: int, tile: TileConfig) -> int:
-    """Cluster rows the rotation moves rank's order up by: those starting before its segment
-    (seg_count = W, seg_start = rank; rounded up, as the kernel does: a row shared with the
+    """Cluster rows the rotation moves rank's order up by: those starting before its segment,
+    rounded up (ops.ag_gemm.rotation's parameters in TileSchedT's formula: a row shared with the
     previous segment, the last to arrive, comes last)."""
     ctm = ctiles(m, 1, tile)[0]
     return _cdiv(rank * (m // world), tile.bm * tile.cluster_m) % ctm

@@ -521,7 +521,8 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
     assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
     p = A.engine.GEMM_PARAMS.unpack(params)
-    assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == (world, rank)  # m, splits, seg_count/seg_start
+    # m, splits, and the rotation: one-row segments, starting at rank's first whole cluster row
+    assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == A.rotation(m_loc * world, world, rank, plans[-1][0].tile)
     assert p[20] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
     assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
     assert plans[-1][0].decomp == A.tune.DP  # split-K off

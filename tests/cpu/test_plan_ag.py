@@ -143,12 +143,15 @@ def test_order_is_a_permutation(world):
 
 
 def test_rotation_is_the_kernels():
-    """shift = ceil(rank * m/W / (BM * cluster_m)) mod cluster rows, applied after the raster (tile.cuh)."""
+    """shift = ceil(rank * m/W / (BM * cluster_m)) mod cluster rows, applied after the raster: the
+    kernel's rounding-down formula (tile.cuh) on ops.ag_gemm.rotation's parameters."""
     tile = next(t for t in _tiles() if t.cluster_m == 2 and t.bm == 128)
     m, n, world = 8 * 1000, 1280, 8
     ctm, ctn = ao.ctiles(m, n, tile)
     for rank in range(world):
         shift = -(-(rank * 1000) // 256) % ctm
+        seg_count, seg_start = A.rotation(m, world, rank, tile)
+        assert (seg_start * (m // seg_count)) // 256 % ctm == shift  # tile.cuh's formula on the op's parameters
         assert ao.row_shift(m, world, rank, tile) == shift
         plain = ao.ag_units(m, n, 1, 0, tile, 3)
         assert ao.ag_units(m, n, world, rank, tile, 3) == [((cm + shift) % ctm, cn) for cm, cn in plain]

@@ -7,9 +7,8 @@
 // of a cluster walk the same units (they share operand loads by multicast).
 // Cluster tiles are visited in grouped ("swizzled") order so the operands of the tiles in flight
 // stay in L2: `group` tile-rows side by side, walked along n (or tile-columns along m).
-// Row-block rotation (for the fused collectives): tile rows start at the first cluster row of
-// segment `seg_start` of `seg_count` equal row segments (rounded up) and wrap around; seg_count = 1
-// is the plain order.
+// Row-block rotation (for the fused collectives): tile rows start at segment `seg_start` of
+// `seg_count` equal row segments and wrap around; seg_count = 1 is the plain order.
 // The units past the data-parallel tiles are StreamKSched's pieces (scheduler/stream_k.cuh).
 #pragma once
 #include "rawflux/gemm/config.cuh"
@@ -199,12 +198,8 @@ struct TileSchedT {
       cm = r / gsize;
     }
     if (p.seg_count > 1) {
-      // Rounded up: where a segment edge falls inside a cluster row, the order starts on the first
-      // row wholly past it, and the row shared with the previous segment (the last to arrive in
-      // AllGather-GEMM) comes last instead of first.
       const i32 seg_rows = p.m / p.seg_count;
-      const i64 rows = Cfg::kBM * Cfg::kClusterM;
-      const i32 shift = (i32)(((i64)p.seg_start * seg_rows + rows - 1) / rows) % ctiles_m;
+      const i32 shift = (i32)(((i64)p.seg_start * seg_rows) / (Cfg::kBM * Cfg::kClusterM)) % ctiles_m;
       cm += shift;
       if (cm >= ctiles_m) cm -= ctiles_m;
     }
