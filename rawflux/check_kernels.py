@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import rawflux  # noqa: F401  (imports every op module, which registers its variants)
 import rawflux.bench.timing  # noqa: F401  (registers the benchmark's delay kernel)
+import rawflux.bench.ag_local  # noqa: F401  (registers the link emulator's kernel)
 from rawflux.jit import CompileError, compile_cubin, kernel_source, variants
 
 
