@@ -149,7 +149,6 @@ def run_ag(args):
     import torch
 
     import rawflux
-    from rawflux import tune
     from rawflux.bench.ag_local import AgLocal, t_gather_ms
 
     gpu, commit = _gpu_commit()
@@ -173,8 +172,7 @@ def run_ag(args):
                 s = torch.cuda.current_stream().cuda_stream
                 cfg_tax, cfg_link = ag.config(m), ag.config(m, link=True)
                 base = ag.op._default(m)
-                tile0 = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
-                cfg_pick = replace(base, tile=tile0, decomp=tune.DP, ctas=ag.sms - 1)  # the pick's own raster order
+                cfg_pick = replace(cfg_link, group=base.group, raster_n=base.raster_n)  # the pick's own raster order
 
                 # correctness first: poisoned output, bitwise against rawflux.gemm on the same
                 # configuration, and a float64 reference

@@ -24,7 +24,8 @@ from ..dist.layout import CTRL_EPOCH, MAX_WORLD
 from ..jit import register
 from ..ops import ag_gemm as A
 from ..runtime import DType, as_tensor
-from .rs_local import _alloc, _FakeGroup, _group_ctrl
+from ..tune.ag_order import arrival_step
+from .rs_local import _alloc, _bare_op, _group_ctrl
 
 EMU_KERNEL_FILE = "link_emu.cu"
 EMU_KERNEL = "rawflux::link_emu_kernel"
@@ -36,9 +37,10 @@ register(EMU_KERNEL_FILE, EMU_KERNEL, archs=("sm_90a",))  # python -m rawflux.ch
 
 def push_arrivals(rank: int, world: int, chunk_bytes: int, gbps: float) -> list[tuple[int, float]]:
     """(chunk, ns after the call starts) in landing order on ``rank``: chunk (rank + s) mod W at
-    s x chunk_bytes / G (ops.ag_gemm.push_targets' steps, one chunk per step out of every rank)."""
+    s x chunk_bytes / G (tune.ag_order.arrival_step: ops.ag_gemm.push_targets' steps)."""
     t_chunk_ns = chunk_bytes / gbps  # bytes / (GB/s) = ns
-    return [((rank + s) % world, s * t_chunk_ns) for s in range(1, world)]
+    peers = sorted((q for q in range(world) if q != rank), key=lambda q: arrival_step(q, rank, world))
+    return [(q, arrival_step(q, rank, world) * t_chunk_ns) for q in peers]
 
 
 def t_gather_ms(world: int, m: int, k: int, itemsize: int, gbps: float) -> float:
@@ -66,10 +68,7 @@ class AgLocal:
         dt = DType.from_any(dtype)
         keep: list = []
         ctrl, status, ctrl_buf = _group_ctrl(rank, world, timeout_s, keep)
-        op = object.__new__(A.AGGemm)  # CollectiveOp's state by hand, then AGGemm's own
-        op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
-        op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
-        op._group_ctrl, op._epoch_ptr = ctrl, ctrl_buf + CTRL_EPOCH
+        op = _bare_op(A.AGGemm, rank, world, status, timeout_s, ctrl, ctrl_buf + CTRL_EPOCH)
         op.n, op.k, op.dtype, op.out_dtype, op.b_layout = int(n), int(k), dt, dt, "nk"
         op.direction, op.copy = "push", "ce"
         op.m_local_cap = int(max_m) // world

@@ -94,12 +94,20 @@ class _FakeGroup:
         return self._status.record()  # the whole record: a failure is described like a Group's
 
 
+def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int, epoch_ptr: int = 0):
+    """An op object of ``cls`` whose CollectiveOp state is set by hand for a rank without a group
+    (no buffers, no side streams); the caller sets the op's own state."""
+    op = object.__new__(cls)
+    op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
+    op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
+    op._group_ctrl, op._epoch_ptr = ctrl, epoch_ptr
+    return op
+
+
 def _launcher(rank: int, world: int, max_m: int, n: int, k: int, dt: DType, b_layout: str, partials: str, config, ctas: int,
               recv: list, sync: list, ctrl: int, status, timeout_s: float, keep: list):
     """A GemmRS of rank `rank` without a group: CollectiveOp's state by hand, then GemmRS's own."""
-    op = object.__new__(R.GemmRS)
-    op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
-    op._closed, op._buffers, op._streams, op._group_ctrl, op.calls = False, [], [], ctrl, 0
+    op = _bare_op(R.GemmRS, rank, world, status, timeout_s, ctrl)
     op.dtype, op.partials, op.max_m, op.n, op.k, op.b_layout = dt, partials, max_m, n, k, b_layout
     op._configure(config, None, ctas)
     op.tunable = False  # no group to agree a tuned configuration with: the model's pick

@@ -254,6 +254,8 @@ class CollectiveOp:
     # An op that tunes provides _tune_id(m) (tune_key of its shape), _use_config(m, cfg),
     # _config_ok(cfg) and tune_candidates(m, top); tunable False: no group to agree with.
     tunable = True
+    _agreed: dict | None = None  # agree_stored: {m: config JSON} every rank holds
+    _every_on = False  # agree_stored: every rank runs RAWFLUX_TUNE=on
 
     def tune_key(self, shape: dict, dtype: str) -> str:
         """The fused-op table's key of this op's calls of ``shape``: GPU, SMs, world, ranks per GPU,
@@ -279,8 +281,7 @@ class CollectiveOp:
 
         from .. import env
 
-        self._agreed: dict[int, dict] = {}
-        self._every_on = False
+        self._agreed, self._every_on = {}, False
         if self.world == 1 or not self.tunable:
             return
         mode = env.tune_mode()
@@ -321,7 +322,7 @@ class CollectiveOp:
 
         if self.world == 1 or not self.tunable or env.tune_mode() == "off":
             return None
-        hit = getattr(self, "_agreed", {}).get(m)
+        hit = (self._agreed or {}).get(m)
         return tune.GemmConfig.from_json(hit) if hit is not None else None
 
     def gather_for_tuning(self, what: str):
@@ -344,7 +345,7 @@ class CollectiveOp:
         if stored is not None:
             self._use_config(m, stored)
             return
-        if getattr(self, "_every_on", False):  # agreed at construction: every rank tunes, or none
+        if self._every_on:  # agreed at construction: every rank tunes, or none
             self.tune(m, stream=stream)
 
     def run_tuning(self, m: int, call, *, top: int, reps: int, budget_s: float | None, stream: int, label):
@@ -361,7 +362,7 @@ class CollectiveOp:
         won = min(rows, key=lambda r: r.slowest_us)
         # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
         tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, label(best))})
-        if hasattr(self, "_agreed"):
+        if self._agreed is not None:
             self._agreed[m] = best.to_json()  # the same decision on every rank
         return best
 

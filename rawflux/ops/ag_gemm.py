@@ -60,6 +60,7 @@ from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
+from ..tune.ag_order import chunk_span, rotation
 from .gemm import gemm
 from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
@@ -113,13 +114,6 @@ def arrival_order(rank: int, world: int) -> list[int]:
     return [(rank + s) % world for s in range(world)]
 
 
-def chunk_span(m0: int, rows: int, m_local: int) -> tuple[int, int]:
-    """Chunks (first, last) that rows [m0, m0 + rows) of the gathered A touch (AgWait's rule)."""
-    if rows <= 0:
-        return (0, -1)
-    return (m0 // m_local, (m0 + rows - 1) // m_local)
-
-
 def default_copy_sms(sms: int) -> int:
     """SMs the "sm" copy path takes: RAWFLUX_AG_COPY_SMS, else min(16, SMs // 4), at least 1 and
     leaving the GEMM at least one SM."""
@@ -139,15 +133,6 @@ def chunk_group(m_local: int, tile, group: int) -> int:
     if m_local % (tile.bm * tile.cluster_m):
         return max(1, min(group, rows))  # chunk edges fall inside tiles: about one chunk per group
     return max(d for d in range(1, min(group, rows) + 1) if rows % d == 0)
-
-
-def rotation(m: int, world: int, rank: int, tile) -> tuple[int, int]:
-    """(seg_count, seg_start) of the GEMM's row rotation: rank's order starts at the first cluster
-    row wholly inside its own chunk, so a row shared with chunk rank - 1 (the last to land) comes
-    last, not first. TileSchedT moves cluster rows up by seg_start * (m / seg_count) // rows
-    (rounding down), so it gets one-row segments (seg_count = m) and that row as seg_start."""
-    rows = tile.bm * tile.cluster_m
-    return m, -(-rank * (m // world) // rows) * rows
 
 
 def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from .configs import TileConfig
 from .plans import raster
 
-__all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "row_shift",
+__all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "rotation", "row_shift",
            "simulate", "unit_need_us", "unit_span"]
 
 
@@ -34,12 +34,19 @@ def ctiles(m: int, n: int, tile: TileConfig) -> tuple[int, int]:
     return _cdiv(_cdiv(m, tile.bm), tile.cluster_m), _cdiv(_cdiv(n, tile.bn), tile.cluster_n)
 
 
+def rotation(m: int, world: int, rank: int, tile: TileConfig) -> tuple[int, int]:
+    """(seg_count, seg_start) of the fused GEMM's row rotation: rank's order starts at the first
+    cluster row wholly inside its own chunk, so a row shared with chunk rank - 1 (the last to land)
+    comes last, not first. TileSchedT moves cluster rows up by seg_start * (m / seg_count) // rows
+    (rounding down), so it gets one-row segments (seg_count = m) and that row as seg_start."""
+    rows = tile.bm * tile.cluster_m
+    return m, _cdiv(rank * (m // world), rows) * rows
+
+
 def row_shift(m: int, world: int, rank: int, tile: TileConfig) -> int:
-    """Cluster rows the rotation moves rank's order up by: those starting before its segment,
-    rounded up (ops.ag_gemm.rotation's parameters in TileSchedT's formula: a row shared with the
-    previous segment, the last to arrive, comes last)."""
-    ctm = ctiles(m, 1, tile)[0]
-    return _cdiv(rank * (m // world), tile.bm * tile.cluster_m) % ctm
+    """Cluster rows the rotation moves rank's order up by: TileSchedT's formula on rotation()."""
+    seg_count, seg_start = rotation(m, world, rank, tile)
+    return seg_start * (m // seg_count) // (tile.bm * tile.cluster_m) % ctiles(m, 1, tile)[0]
 
 
 def ag_units(m: int, n: int, world: int, rank: int, tile: TileConfig, group: int, raster_n: bool = False) -> list[tuple[int, int]]:
@@ -61,7 +68,8 @@ def cluster_rows(cm: int, tile: TileConfig, m: int) -> tuple[int, int]:
 
 
 def chunk_span(m0: int, rows: int, m_local: int) -> tuple[int, int]:
-    """Chunks (first, last) rows [m0, m0 + rows) touch; (0, -1) for none (ops.ag_gemm.chunk_span)."""
+    """Chunks (first, last) that rows [m0, m0 + rows) of the gathered A touch; (0, -1) for none
+    (AgWait's rule, fused/ag_gemm.cuh)."""
     if rows <= 0:
         return (0, -1)
     return (m0 // m_local, (m0 + rows - 1) // m_local)
