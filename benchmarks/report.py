@@ -39,13 +39,15 @@ BAR_BIG_MIN, BAR_BIG_MEDIAN, BAR_SMALL_MIN = 0.95, 1.00, 0.90
 
 def load(results: Path = RESULTS) -> dict:
     """{"gemm": (file name, rows) or None, "bench": [(file name, meta, records)], "other": [names]}."""
-    gemms, bench, other, tax, link = [], [], [], None, None
+    gemms, bench, other, tax, link, host = [], [], [], None, None, None
     for p in sorted(results.glob("*.json")):
         d = json.loads(p.read_text())
         if isinstance(d, dict) and d.get("kind") == "fusion-tax":
             tax = (p.name, d)
         elif isinstance(d, dict) and d.get("kind") == "ag-link-emu":
             link = (p.name, d)
+        elif isinstance(d, dict) and d.get("kind") == "host-cost":
+            host = (p.name, d)
         elif isinstance(d, dict) and "rows" in d:
             gemms.append((max((r.get("date", "") for r in d["rows"]), default=""), p.name, d["rows"]))
         elif isinstance(d, dict) and d.get("schema") == SCHEMA:
@@ -54,7 +56,7 @@ def load(results: Path = RESULTS) -> dict:
             other.append(p.name)
     gemm = max(gemms, key=lambda g: (g[0], g[1]))[1:] if gemms else None
     return {"gemm": gemm, "bench": bench, "other": other, "old_gemm": [g[1] for g in gemms if gemm and g[1] != gemm[0]], "tax": tax,
-            "link": link}
+            "link": link, "host": host}
 
 
 def _run_date(records) -> str:
@@ -124,14 +126,13 @@ def _median(xs):
 METHOD = """\
 ## Method
 
-- CUDA events around every timed call or region, after warm-up; the figure is the median of many
-  timed iterations (the fused ops: per rank, then the slowest rank).
-- Fresh random inputs (never zeros), rotated over enough sets that the working set is several times
-  the 60 MB L2, so no call finds its operands in L2 from the one before.
-- Device time: a GPU sleep or delay kernel holds the stream while the host queues the timed calls;
-  the fused ops' ranks start each region together at a device barrier.
-- Every competitor in the same run (the GEMM's interleaved call by call), and only ratios within
-  one run are compared: the H200 holds a 700 W cap, so its clock drifts between runs and with heat.
+- CUDA events around every timed call or region, after warm-up; the median of many iterations (the
+  fused ops: per rank, then the slowest rank).
+- Fresh random inputs, rotated over sets several times the 60 MB L2 in all.
+- Device time: a delay kernel holds the stream while the host queues the timed calls; the fused
+  ops' ranks start each region together at a device barrier.
+- Every competitor in the same run (the GEMM's interleaved call by call); only ratios within one run
+  are compared (the H200's 700 W cap makes its clock drift between runs).
 - GEMM ratio: rawflux TFLOP/s over the faster of torch.matmul and cupy.matmul (cuBLAS) at that point.
   Fused-op speedup: the best non-overlapped time (NCCL + cuBLAS, or IPC copy + cuBLAS) over the
   implementation's time, above 1 faster. Two runs of one build differ by ~0.3 % on the GEMM median.
@@ -145,8 +146,7 @@ def gemm_section(gemm) -> list[str]:
     dates = sorted({r.get("date", "") for r in rows})
     gpus = sorted({f"{r.get('gpu')}, driver {r.get('driver')}" for r in rows})
     out += [f"`benchmarks/results/{name}`: commit {', '.join(commits)}, {', '.join(dates)}, {'; '.join(gpus)}.",
-            "Reproduce: `python benchmarks/gemm.py` (writes `benchmarks/results/gemm.json`; the same as",
-            "`bash launch/gpu_suite.sh gemmbench`, which writes `$OUT/gemm.json`), then `python benchmarks/report.py`.",
+            "Reproduce: `python benchmarks/gemm.py` (or `bash launch/gpu_suite.sh gemmbench`), then `python benchmarks/report.py`.",
             "Cells: ratio to the faster cuBLAS (rawflux TFLOP/s), then the config where it is not the 128x256 tile",
             "with a 2x1 cluster and no split (`kN` split-K, `c1k2` the k-split cluster pair, `tail N` split tail,",
             "`band N` banded stream-K, `narrow W` narrow last-wave columns). Shapes are n x k, B as (n, k).", ""]
@@ -232,9 +232,11 @@ def fused_real_section(cur, bench) -> list[str]:
             sample = next(iter(table.values()))[1][0]
             per_gpu = "one rank per GPU" if sample.get("ranks_per_gpu", 1) == 1 else f"{sample['ranks_per_gpu']} ranks per GPU"
             out += [f"### rawflux.{op}, {title}, W = {w}, {per_gpu}", ""]
+            commits = [_short_commit(rows[0]["commit"]) for _, rows in table.values()]
+            common = max(sorted(set(commits)), key=commits.count)
             out += [f"{sample['gpu']} x {w // sample.get('ranks_per_gpu', 1)}, one host, {per_gpu} ({', '.join(_versions(bench))}). Times in ms; shapes are the",
-                    "model's (n, k), split over W " + ("along n." if op == "ag_gemm" else "along k."),
-                    "Speedup = best non-overlapped / implementation.", ""]
+                    "model's (n, k), split over W " + ("along n." if op == "ag_gemm" else "along k.") +
+                    f" Speedup: best non-overlapped / it. Commit {common} unless a row names another.", ""]
             bf16p = any(_ms(rows, "rawflux.bf16parts") is not None for _, rows in table.values())
             head = ["shape", "m", "rawflux"] + (["bf16 partials"] if bf16p else []) + [
                 "NCCL+cuBLAS", "IPC+cuBLAS", "torch SymmMem", "rawflux.gemm alone", "cuBLAS alone",
@@ -246,7 +248,7 @@ def fused_real_section(cur, bench) -> list[str]:
                     _f(_ms(rows, "nccl+cublas")), _f(_ms(rows, "ipc+cublas")), _f(_ms(rows, "torch.symm_mem")),
                     _f(_ms(rows, "rawflux_gemm")), _f(cub["ms"] if cub else None), _f(_speed(rows, "rawflux"), ".2f")]
                     + ([_f(_speed(rows, "rawflux.bf16parts"), ".2f")] if bf16p else [])
-                    + [_f(_speed(rows, "torch.symm_mem"), ".2f"), _short_commit(rows[0]["commit"])])
+                    + [_f(_speed(rows, "torch.symm_mem"), ".2f"), "" if _short_commit(rows[0]["commit"]) == common else _short_commit(rows[0]["commit"])])
             out += _table(head, body) + [""] + _summary(table, bf16p) + ["", "Runs:"] + _sources([n for n, _ in table.values()], bench) + [""]
     return out
 
@@ -426,23 +428,43 @@ def tax_section(tax, link=None) -> list[str]:
     return out
 
 
+def host_section(host) -> list[str]:
+    name, d = host
+    rows = d["records"]
+    cols = sorted({(r["world"], r["m"]) for r in rows})
+    cell = {(r["op"], r["form"], r["world"], r["m"]): r for r in rows}
+    forms = sorted({(r["op"], r["form"]) for r in rows}, key=lambda f: (f[0] != "torch", f[0] != "gemm", f))
+    table = []
+    for op, form in forms:
+        bar = next((r["bar_us"] for r in rows if (r["op"], r["form"]) == (op, form)), None)
+        table.append([f"{op} {form}", "-" if bar is None else f"{bar:g}"]
+                     + [_f(cell[(op, form, w, m)]["host_us"], ".1f") if (op, form, w, m) in cell else "" for w, m in cols])
+    over = sum(r["bar_us"] is not None and r["host_us"] > r["bar_us"] for r in rows)
+    emu = any(r.get("emulated") for r in rows)
+    return ["## Host time per call", "",
+            f"{_stamp(name, rows)} `python benchmarks/host_cost.py`: torch inputs, out= given, n = k = {rows[0]['n']};",
+            "host us per call" + (" (W > 1: ranks sharing one GPU)" if emu else "") + ".", ""] + \
+        _table(["call", "bar"] + [f"W={w} m={m}" for w, m in cols], table) + \
+        ["", f"{sum(r['bar_us'] is not None for r in rows) - over} of {sum(r['bar_us'] is not None for r in rows)} within the bar.", ""]
+
+
 def render(results: Path = RESULTS) -> str:
     data = load(results)
     cur = current_rows(data["bench"])
     machines = sorted({f"{r['gpu']}, driver {r['driver']}" for _, _, recs in data["bench"] for r in recs}
                       | ({f"{r.get('gpu')}, driver {r.get('driver')}" for r in data["gemm"][1]} if data["gemm"] else set()))
     out = ["# Benchmarks", "",
-           "Generated by `python benchmarks/report.py` from the JSON in `benchmarks/results/` (do not edit by hand;",
-           "the CPU tests check that it regenerates unchanged). The design choices these numbers led to, and what",
-           "was measured and dropped, are in `docs/decisions.md`. To update: put the new run's JSON in",
-           "`benchmarks/results/` (where both benchmarks write by default), delete the file it supersedes (this script",
-           "names it) and rerun the script.", "",
+           "Generated by `python benchmarks/report.py` from `benchmarks/results/*.json` (the CPU tests check it",
+           "regenerates unchanged); what the numbers decided: `docs/decisions.md`. To update: put the new JSON in",
+           "`benchmarks/results/`, delete the file it supersedes (the script names it), rerun the script.", "",
            f"Machine: {'; '.join(machines)}" + (f"; {', '.join(_versions(data['bench']))}" if data["bench"] else "") + ".", "",
            METHOD]
     if data["gemm"]:
         out += gemm_section(data["gemm"])
     if data["tax"]:
         out += tax_section(data["tax"], data["link"])
+    if data["host"]:
+        out += host_section(data["host"])
     if any(not emu and op in ("ag_gemm", "gemm_rs") for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])

@@ -57,5 +57,8 @@ class OpGroup:
     def barrier(self, stream):
         self.log.append(("barrier", stream))
 
+    def healthy(self):
+        return not self.closed and self.status.state == 0
+
     def free_symmetric(self, buf):
         pass

@@ -12,6 +12,7 @@ Two uses, each its own question:
 from __future__ import annotations
 
 import struct
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -93,6 +94,9 @@ class _FakeGroup:
     def status(self):
         return self._status.record()  # the whole record: a failure is described like a Group's
 
+    def healthy(self) -> bool:
+        return self._status.record().state == 0
+
 
 def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int, epoch_ptr: int = 0):
     """An op object of ``cls`` whose CollectiveOp state is set by hand for a rank without a group
@@ -100,6 +104,7 @@ def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int, ep
     op = object.__new__(cls)
     op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
     op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
+    op._fast, op._fast_lock = {}, threading.Lock()
     op._group_ctrl, op._epoch_ptr = ctrl, epoch_ptr
     return op
 

@@ -42,10 +42,13 @@ from .. import env
 from ..runtime.device import CudaUnavailable
 from . import topology
 from ._backend import cuda_backend
-from .layout import (CTRL_ABORT, CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATUS_BYTES,
+from .layout import (CTRL_ABORT, CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATE_OK, STATUS_BYTES,
                      StatusRecord, decode_ctrl, pack_group_ctrl)
 from .symm import SymmetricBuffer, allocate, close_mappings, collective_try, free_local
 from .topology import CollectiveTimeout, DistError, MissingRanks
+
+
+_STATE_OK_WORD = STATE_OK.to_bytes(4, "little")  # Status.state, the record's first word
 
 
 class CallMismatch(CollectiveTimeout):
@@ -335,6 +338,11 @@ class Group:
         """This rank's error record, read from host-mapped memory (no device synchronisation)."""
         self._check_usable()
         return StatusRecord.from_bytes(self._backend.read_host(self._status_host, STATUS_BYTES))
+
+    def healthy(self) -> bool:
+        """No device-side wait of this rank has failed: one 4-byte read of the host-mapped record
+        (the ops' per-call check; raise_if_failed() says what failed)."""
+        return not self._closed and self._backend.read_host(self._status_host, 4) == _STATE_OK_WORD
 
     def raise_if_failed(self) -> None:
         """Raise CollectiveTimeout if any device-side wait of this rank gave up. The record is

@@ -11,11 +11,11 @@ from .abi import (BIAS_F32, BIAS_IN16, BIAS_NONE, FUSED_SCHED, GEMM_PARAMS, LOCA
                   PLAIN_SCHED, TMA_STORE_EPI, TMA_STORE_TAIL, KernelOptions, bias_args, check_options, epilogue_scratch_bytes, kernel_name, kernel_options,
                   launch_smem_bytes, local_store_params, narrow_sched, out_dtypes_for, plain_epilogue, register_variants,
                   scratch_offset)
-from .launch import epilogue_params, launch, tensor_map, tma_store_params, workspace
-from .planning import GemmPlan, check_arch, check_config, gemm_params, grid_size, pack_params, pick_config, plan
+from .launch import LaunchBlock, epilogue_params, launch, tensor_map, tma_store_params, workspace
+from .planning import BoundGemm, GemmPlan, check_arch, check_config, gemm_params, grid_size, pack_params, pick_config, plan
 
 __all__ = [
-    "BIAS_F32", "BIAS_IN16", "BIAS_NONE", "FUSED_SCHED", "GEMM_PARAMS", "GemmPlan", "KernelOptions", "LOCAL_STORE", "LOCAL_STORE_EPI",
+    "BIAS_F32", "BoundGemm", "LaunchBlock", "BIAS_IN16", "BIAS_NONE", "FUSED_SCHED", "GEMM_PARAMS", "GemmPlan", "KernelOptions", "LOCAL_STORE", "LOCAL_STORE_EPI",
     "NOWAIT", "NOWAIT_PARAMS", "PLAIN_SCHED", "TMA_STORE_EPI", "TMA_STORE_TAIL", "bias_args", "check_arch", "check_options", "check_config", "epilogue_params",
     "epilogue_scratch_bytes", "gemm_params", "grid_size", "kernel_name", "kernel_options", "launch", "launch_smem_bytes",
     "local_store_params", "narrow_sched", "out_dtypes_for", "pack_params", "pick_config", "plain_epilogue", "plan",

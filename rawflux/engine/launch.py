@@ -101,7 +101,7 @@ def epilogue_params(epilogue: str, c_ptr: int, m: int, n: int, ldc: int, out_dty
 # launching
 
 
-class _ArgBlock(threading.local):
+class _ArgBlock:
     """kernelParams for up to 6 arguments (gemm_kernel: tmap_a, tmap_b, GemmParams, prologue and
     epilogue params, tmap_a_tail), each 64-byte aligned (CUtensorMap needs 64)."""
 
@@ -116,7 +116,14 @@ class _ArgBlock(threading.local):
         self.ptrs_addr = ctypes.addressof(self.ptrs)
 
 
-_args = _ArgBlock()
+class _ThreadArgs(threading.local):
+    """One _ArgBlock per thread for launch()."""
+
+    def __init__(self):
+        self.block = _ArgBlock()
+
+
+_args = _ThreadArgs()
 _launch_cfgs: dict[tuple, object] = {}
 
 
@@ -124,41 +131,93 @@ def launch(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int
     """Launch `kernel` (a jit.Kernel) with its arguments as packed bytes (at most 6, of the sizes
     _ArgBlock holds). ``pdl``: as the programmatic dependent of the previous kernel in ``stream``
     (it may start once every CTA of that kernel has run griddepcontrol.launch_dependents)."""
-    from cuda.bindings import driver as drv
-
     key = (kernel.handle, grid, threads, cluster, smem, stream, pdl)
     cfg = _launch_cfgs.get(key)
     if cfg is None:
-        kernel.set_max_dynamic_smem(smem)
-        lc = drv.CUlaunchConfig()
-        lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid, 1, 1
-        lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
-        lc.sharedMemBytes = smem
-        lc.hStream = drv.CUstream(stream)
-        attrs = []
-        if cluster > 1:
-            at = drv.CUlaunchAttribute()
-            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
-            attrs.append(at)
-        if pdl:
-            at = drv.CUlaunchAttribute()
-            at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            at.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(at)
-        lc.attrs = attrs
-        lc.numAttrs = len(attrs)
         if len(_launch_cfgs) > 1024:
             _launch_cfgs.clear()
-        cfg = _launch_cfgs[key] = (lc, drv.CUfunction(kernel.handle))
-    a = _args
+        cfg = _launch_cfgs[key] = _launch_config(kernel, grid, threads, cluster, smem, stream, pdl)
+    a = _args.block
     for addr, size, raw in zip(a.addrs, _ArgBlock.SIZES, args):
         if len(raw) > size:
             raise ValueError(f"kernel argument of {len(raw)} bytes exceeds its {size}-byte slot")
         ctypes.memmove(addr, raw, len(raw))
-    (err,) = drv.cuLaunchKernelEx(cfg[0], cfg[1], a.ptrs_addr, 0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        _, msg = drv.cuGetErrorString(err)
+    _driver_launch(cfg, a.ptrs_addr, kernel)
+
+
+class LaunchBlock:
+    """One kernel's launch with an argument block of its own (the _ArgBlock slots), written once
+    and patched where a call changes it: a repeated call is one driver call. The driver copies
+    kernelParams at launch, so the block may be rewritten right after. Not for concurrent use
+    from several threads (its owner serialises patch + launch)."""
+
+    def __init__(self, kernel, grid: int, threads: int, cluster: int, smem: int, args: tuple[bytes, ...] = (), pdl: bool = False):
+        self.kernel, self.grid, self.threads, self.cluster, self.smem, self.pdl = kernel, grid, threads, cluster, smem, pdl
+        self._block = _ArgBlock()
+        self._lens = [0] * len(_ArgBlock.SIZES)  # bytes written per slot (read())
+        self._cfgs: dict[int, tuple] = {}
+        for slot, raw in enumerate(args):
+            self.write(slot, raw)
+
+    def write(self, slot: int, raw: bytes, offset: int = 0) -> None:
+        if offset + len(raw) > _ArgBlock.SIZES[slot]:
+            raise ValueError(f"{len(raw)} bytes at offset {offset} overflow argument slot {slot} ({_ArgBlock.SIZES[slot]} bytes)")
+        ctypes.memmove(self._block.addrs[slot] + offset, raw, len(raw))
+        self._lens[slot] = max(self._lens[slot], offset + len(raw))
+
+    def read(self, slot: int) -> bytes:
+        """The bytes written to slot `slot` (tests and debugging)."""
+        return ctypes.string_at(self._block.addrs[slot], self._lens[slot])
+
+    def args(self) -> tuple[bytes, ...]:
+        """Every written slot's bytes, as launch() takes them."""
+        return tuple(self.read(i) for i in range(len(self._lens)) if self._lens[i])
+
+    def launch(self, stream: int) -> None:
+        cfg = self._cfgs.get(stream)
+        if cfg is None:
+            cfg = self._cfgs[stream] = _launch_config(self.kernel, self.grid, self.threads, self.cluster, self.smem, stream, self.pdl)
+        _driver_launch(cfg, self._block.ptrs_addr, self.kernel)
+
+
+def _launch_config(kernel, grid: int, threads: int, cluster: int, smem: int, stream: int, pdl: bool):
+    """(CUlaunchConfig, CUfunction) of one launch shape on one stream (cached by the callers)."""
+    from cuda.bindings import driver as drv
+
+    kernel.set_max_dynamic_smem(smem)
+    lc = drv.CUlaunchConfig()
+    lc.gridDimX, lc.gridDimY, lc.gridDimZ = grid, 1, 1
+    lc.blockDimX, lc.blockDimY, lc.blockDimZ = threads, 1, 1
+    lc.sharedMemBytes = smem
+    lc.hStream = drv.CUstream(stream)
+    attrs = []
+    if cluster > 1:
+        at = drv.CUlaunchAttribute()
+        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = cluster, 1, 1
+        attrs.append(at)
+    if pdl:
+        at = drv.CUlaunchAttribute()
+        at.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        at.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(at)
+    lc.attrs = attrs
+    lc.numAttrs = len(attrs)
+    return lc, drv.CUfunction(kernel.handle)
+
+
+_cu = None  # cuda.bindings.driver, imported on first launch (the module imports without CUDA)
+
+
+def _driver_launch(cfg, params_addr: int, kernel) -> None:
+    global _cu
+    if _cu is None:
+        from cuda.bindings import driver
+
+        _cu = driver
+    (err,) = _cu.cuLaunchKernelEx(cfg[0], cfg[1], params_addr, 0)
+    if err:  # CUDA_SUCCESS is 0
+        _, msg = _cu.cuGetErrorString(err)
         raise RuntimeError(f"launch of {kernel.symbol} failed: {err.name}: {msg.decode() if msg else ''}")
 
 

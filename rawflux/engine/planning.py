@@ -18,7 +18,7 @@ from ..runtime import DType
 from ..tune import GemmConfig, WorkPlan
 from .abi import (GEMM_PARAMS, NOWAIT, NOWAIT_PARAMS, PLAIN_SCHED, TMAP_CODE, KernelOptions, check_options, kernel_name,
                   kernel_options, launch_smem_bytes, narrow_sched, plain_epilogue)
-from .launch import launch, tensor_map_code, workspace
+from .launch import LaunchBlock, launch, tensor_map_code, workspace
 
 # Rows of A's TMA box and of its tail box (GemmParams::a_box_rows / a_tail_rows; the rules live in
 # tune, whose time model charges them). Module attributes, looked up at each plan: tests swap them
@@ -113,14 +113,24 @@ class GemmPlan:
 
     def args(self, a_ptr: int, b_ptr: int, lda: int, ldb: int, prologue_params: bytes, epilogue_params: bytes) -> tuple[bytes, ...]:
         """gemm_kernel's arguments for A at a_ptr (pitch lda) and B at b_ptr (pitch ldb)."""
-        m, n, k = self.mnk
+        tmap_a, tmap_a_tail = self.a_maps(a_ptr, lda)
+        return tmap_a, self.b_map(b_ptr, ldb), self.params, prologue_params, epilogue_params, tmap_a_tail
+
+    def a_maps(self, a_ptr: int, lda: int) -> tuple[bytes, bytes]:
+        """A's tensor map and its tail map (the same map where the plan has no tail box)."""
+        m, _, k = self.mnk
         tmap_a = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.box_a[0], self.box_a[1])
-        tmap_a_tail = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.a_tail, self.box_a[1]) if self.a_tail else tmap_a
+        return tmap_a, (tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.a_tail, self.box_a[1]) if self.a_tail else tmap_a)
+
+    def b_map(self, b_ptr: int, ldb: int) -> bytes:
+        _, n, k = self.mnk
         if self.b_layout == "nk":
-            tmap_b = tensor_map_code(b_ptr, self.tmap_code, n, k, ldb, self.box_b[0], self.box_b[1])
-        else:
-            tmap_b = tensor_map_code(b_ptr, self.tmap_code, k, n, ldb, self.box_b[0], self.box_b[1])
-        return tmap_a, tmap_b, self.params, prologue_params, epilogue_params, tmap_a_tail
+            return tensor_map_code(b_ptr, self.tmap_code, n, k, ldb, self.box_b[0], self.box_b[1])
+        return tensor_map_code(b_ptr, self.tmap_code, k, n, ldb, self.box_b[0], self.box_b[1])
+
+    def bind(self, lda: int, ldb: int, prologue_params: bytes = NOWAIT_PARAMS, pdl: bool = False) -> "BoundGemm":
+        """This plan's launch with an argument block of its own, for A and B of pitches lda, ldb."""
+        return BoundGemm(self, lda, ldb, prologue_params, pdl)
 
     def launch_args(self, stream: int, args: tuple[bytes, ...], pdl: bool = False) -> None:
         """Launch with arguments built by args() (a fused op builds them before it issues anything)."""
@@ -130,6 +140,38 @@ class GemmPlan:
                prologue_params: bytes = NOWAIT_PARAMS, pdl: bool = False) -> None:
         self.launch_args(stream, self.args(a_ptr, b_ptr, lda, ldb, prologue_params, epilogue_params), pdl=pdl)
 
+
+class BoundGemm:
+    """A GemmPlan's launch with its own argument block: GemmParams and the prologue's params are
+    written once; A's and B's tensor maps when their pointer changes, the epilogue's params when
+    the caller passes new ones. A call that repeats the last one's pointers is one driver call."""
+
+    def __init__(self, plan: GemmPlan, lda: int, ldb: int, prologue_params: bytes, pdl: bool):
+        self.plan, self.lda, self.ldb = plan, lda, ldb
+        self.block = LaunchBlock(plan.kernel, plan.grid, plan.threads, plan.cluster, plan.smem, pdl=pdl)
+        self.block.write(_PARAMS_SLOT, plan.params)
+        self.block.write(_PROLOGUE_SLOT, prologue_params)
+        self._a = self._b = None
+
+    def point(self, a_ptr: int, b_ptr: int) -> None:
+        """A at a_ptr, B at b_ptr (pitches as bound)."""
+        if a_ptr != self._a:
+            tmap_a, tmap_a_tail = self.plan.a_maps(a_ptr, self.lda)
+            self.block.write(_A_SLOT, tmap_a)
+            self.block.write(_A_TAIL_SLOT, tmap_a_tail)
+            self._a = a_ptr
+        if b_ptr != self._b:
+            self.block.write(_B_SLOT, self.plan.b_map(b_ptr, self.ldb))
+            self._b = b_ptr
+
+    def set_epilogue(self, raw: bytes, offset: int = 0) -> None:
+        self.block.write(_EPILOGUE_SLOT, raw, offset)
+
+    def launch(self, stream: int) -> None:
+        self.block.launch(stream)
+
+
+_A_SLOT, _B_SLOT, _PARAMS_SLOT, _PROLOGUE_SLOT, _EPILOGUE_SLOT, _A_TAIL_SLOT = range(6)  # gemm_kernel's arguments
 
 _plans: dict[tuple, GemmPlan] = {}
 _plans_lock = threading.Lock()

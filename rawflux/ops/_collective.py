@@ -68,6 +68,7 @@ register(_META_SRC, _META_CHECK, archs=("sm_90a", "sm_80"))
 # Bound of the agreement that starts an op object's construction: ranks may reach it far apart
 # (loading weights, first compiles), so it is generous; still an error, never a hang.
 CONSTRUCT_WAIT_S = 300.0
+FAST_ENTRIES_MAX = 256  # call shapes an op object keeps fast-path entries for
 
 # Codes of dtypes in metadata records (stable numbers, not enum order).
 DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5M2: 5}
@@ -183,6 +184,8 @@ class CollectiveOp:
         self._meta = None
         self._kernels: dict[str, object] = {}
         self.calls = 0  # calls made on this rank (host count, for messages and tests)
+        self._fast: dict[tuple, object] = {}  # validated calls' launches by call metadata (fast_entry)
+        self._fast_lock = threading.Lock()  # one call at a time patches and launches an entry
         if self.world > 1:
             # The rest is collective and blocking (symmetric buffers): agree first, bounded, so that a
             # rank that raised on its arguments makes the others raise instead of hang.
@@ -415,6 +418,61 @@ class CollectiveOp:
                 self._debug_compare(tuple(int(x) for x in fields))
         self.calls += 1
 
+    def fast_ready(self) -> bool:
+        """begin()'s checks on the fast path, cheaply: False where begin() would raise or compare
+        (the validated path then does, and says why)."""
+        if self._closed or self.group.closed:
+            return False
+        return self.world == 1 or (self.group.healthy() and not env.debug())
+
+    def fast_entry(self, key):
+        """The fast-path entry of a call with metadata ``key`` (rawflux.runtime.fastpath), or None."""
+        return None if key is None else self._fast.get(key)
+
+    def remember_fast(self, key, entry) -> None:
+        if key is None or entry is None:
+            return
+        with self._fast_lock:
+            if len(self._fast) >= FAST_ENTRIES_MAX:
+                self._fast.clear()
+            self._fast[key] = entry
+
+    def forget_fast(self) -> None:
+        """Drop every fast-path entry (a plan they launch changed)."""
+        with self._fast_lock:
+            self._fast.clear()
+
+    def capture(self, *args, stream=None, **kw) -> "CallGraph":
+        """Collective: one call ``self(*args, **kw)`` captured into a CUDA graph. Its arrays (out=
+        is required) become the graph's: write fresh inputs into them, then ``g.replay()``. The
+        call runs once first (plans made, kernels loaded), on a private stream ordered after
+        ``stream`` (default: the inputs' framework's current stream), and is captured there, so
+        the caller's stream may be the legacy default one. Every rank captures the same calls
+        in the same order and replays its graphs in that order."""
+        import cupy
+
+        from ..runtime import cupy_stream, fastpath, stream_handle
+
+        if kw.get("out") is None:
+            raise ValueError(f"{self.OP_NAME}.capture: pass out=: a graph writes into the caller's buffer on every replay")
+        fw = fastpath.framework(args[0]) if args else None
+        with self._device():
+            base = stream_handle(stream) if stream is not None else _current_stream(fw, self.device_id)
+            side = cupy.cuda.Stream(non_blocking=True)
+            ready = cupy.cuda.Event(disable_timing=True)
+            ready.record(cupy_stream(base))
+            side.wait_event(ready)  # the capture's warm-up call runs after the caller's queued work
+            self(*args, stream=side, **kw)  # outside the capture: compiles, plans and the fast-path entry
+            side.begin_capture()
+            try:
+                self(*args, stream=side, **kw)
+            finally:
+                graph = side.end_capture()
+            done = cupy.cuda.Event(disable_timing=True)
+            done.record(side)
+            cupy_stream(base).wait_event(done)  # the caller's later work runs after the warm-up call
+        return CallGraph(graph, self, fw, side)
+
     def _debug_compare(self, fields: tuple[int, ...]) -> None:
         """Every rank's (op, op object, fields) through a bounded allgather: a rank that does not
         make the call yields CallMismatch after the group's timeout, never a hang."""
@@ -531,6 +589,34 @@ class CollectiveOp:
 
 # --------------------------------------------------------------------------------------------
 # functional-form cache
+
+
+def _current_stream(fw: str | None, device: int) -> int:
+    from ..runtime import fastpath
+
+    return fastpath.current_stream(fw or "cupy", device)
+
+
+class CallGraph:
+    """One captured call of an op object (CollectiveOp.capture): ``replay(stream=None)`` runs it
+    with whatever its arrays hold then, on ``stream`` (default: the current stream of the
+    captured arrays' framework)."""
+
+    def __init__(self, graph, op, fw: str | None, side):
+        self._graph, self._op, self._fw, self._side = graph, op, fw, side  # side: the capture stream, kept alive
+        self.replays = 0
+
+    def replay(self, stream=None) -> None:
+        from ..runtime import cupy_stream, stream_handle
+
+        op = self._op
+        op._check_open()
+        if op.world > 1:
+            op.raise_if_failed()  # a replay after a failed wait would wait again on a dead peer
+        with op._device():
+            s = stream_handle(stream) if stream is not None else _current_stream(self._fw, op.device_id)
+            self._graph.launch(stream=cupy_stream(s))
+        self.replays += 1
 
 
 class _PrivateComm:

@@ -55,14 +55,15 @@ import threading
 from dataclasses import dataclass, replace
 
 from .. import engine, env, tune
+from ..dist import DistError
 from ..dist.layout import MAX_WORLD, OP_AG_GEMM
 from ..jit import register
-from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream,
+from ..runtime import (DType, Tensor, as_tensor, check_matrix, fastpath, check_out, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
 from ..tune.ag_order import chunk_span, rotation
 from .gemm import gemm
-from ._collective import DTYPE_CODE, CollectiveOp, OpCache, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FAST_ENTRIES_MAX, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation"]
@@ -295,6 +296,7 @@ class Call:
     tg: Tensor | None
     stream: int
     config: GemmConfig | None
+    tbias: Tensor | None = None
 
 
 def check_call(a_shard, b, *, n: int, k: int, dtype: DType, out_dtype: DType, b_layout: str, device: int, world: int,
@@ -333,7 +335,38 @@ def check_call(a_shard, b, *, n: int, k: int, dtype: DType, out_dtype: DType, b_
                          f"{', '.join(t.tag() for t in tune.TILES)})")
     if s is None:
         s = resolve_stream(None, [t for t in (ta, tb, tbias, tout, tg) if t is not None])
-    return Call(ta, tb, bias, bias_ptr, bias_kind, out, tout, gathered_out, tg, s, config)
+    return Call(ta, tb, bias, bias_ptr, bias_kind, out, tout, gathered_out, tg, s, config, tbias)
+
+
+@dataclass(eq=False)
+class _Fast:
+    """A validated call's launches, for later calls with the same metadata: only the pointers and
+    the stream are checked again (rawflux.runtime.fastpath)."""
+
+    stream: int
+    bound: engine.BoundGemm  # the GEMM (world 1: rawflux.gemm's plan on a_shard; else the fused one on the gathered A)
+    m: int
+    m_loc: int
+    ldc: int
+    src_pitch: int  # a_shard's row pitch in bytes
+    bias_kind: int
+    meta: bytes  # the call record's fields, packed
+    spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
+    out_span: int
+    new_out: object  # makes a new output like the validated call's (None: that call passed out=)
+    out_ptr: int = 0  # the epilogue's pointers as last written
+    bias_ptr: int = 0
+
+
+def _fast_key(a_shard, b, bias, out):
+    """(framework, metadata...) of a call fastpath can take, else None."""
+    fw = fastpath.framework(a_shard)
+    if fw is None or not fastpath.same_framework(fw, b, bias, out):
+        return None
+    try:
+        return (fw,) + fastpath.call_key(fw, a_shard, b, bias, out)
+    except (AttributeError, TypeError):  # not a plain array after all
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,6 +500,7 @@ class AGGemm(CollectiveOp):
         with self._lock:
             self._forced[m] = cfg
             self._cfgs.pop(m, None)
+        self.forget_fast()
 
     def tune_candidates(self, m: int, top: int = 6) -> list[GemmConfig]:
         """The default pick first, then the model's next best tiles as the fused call runs them."""
@@ -507,10 +541,71 @@ class AGGemm(CollectiveOp):
     # --- the call ---------------------------------------------------------------------------------
     def __call__(self, a_shard, b, *, bias=None, out=None, gathered_out=None, return_gathered: bool = False, stream=None,
                  config: GemmConfig | None = None):
+        key = None
+        if gathered_out is None and not return_gathered and config is None:
+            key = _fast_key(a_shard, b, bias, out)
+            f = self.fast_entry(key)
+            if f is not None:
+                got = self._fast_call(f, a_shard, b, bias, out, stream)
+                if got is not None:
+                    return got
         c = check_call(a_shard, b, n=self.n, k=self.k, dtype=self.dtype, out_dtype=self.out_dtype, b_layout=self.b_layout,
                        device=self.device_id, world=self.world, max_m=self.max_m, bias=bias, out=out, gathered_out=gathered_out,
                        stream=stream, config=config)
-        return self._call(c, return_gathered)
+        res = self._call(c, return_gathered)
+        if key is not None:
+            self.remember_fast(key, self._fast_for(c, res, key[0]))
+        return res
+
+    # --- the fast path (rawflux.runtime.fastpath): a call like a validated one -------------------
+    def _fast_for(self, c: Call, res, fw: str) -> _Fast:
+        """The fast-path entry of validated call c (already launched; res: what it returned)."""
+        ta, tb, s, n, k, od = c.ta, c.tb, c.stream, self.n, self.k, self.out_dtype
+        m_loc = ta.shape[0]
+        m = m_loc * self.world
+        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
+        ldc = c.tout.strides[0] if c.tout is not None and m > 1 else n
+        src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
+        if self.world == 1:  # rawflux.gemm's plan, as _call_local runs it
+            cfg = engine.pick_config(m, n, k, self.dtype, self.b_layout, od, self.device_id)
+            plan = engine.plan(cfg, m, n, k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=od, device_id=self.device_id, stream=s)
+            bound = plan.bind(ta.strides[0] if m > 1 else k, ldb)
+            meta = b""
+        else:
+            plan, pro = self._gemm_plan(s, self.last_config, m_loc)
+            bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
+            meta = self.meta_fields(self._fields(m_loc))
+        spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
+        new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
+        return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, spans, fastpath.byte_span(m, n, ldc, od.itemsize), new_out)
+
+    def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
+        """Launch f's call for these arrays, or None where the validated path must look at it."""
+        fw = fastpath.framework(a_shard)
+        s = fastpath.current_stream(fw, self.device_id) if stream is None else fastpath.stream_of(stream)
+        if s != f.stream or not self.fast_ready():
+            return None
+        if out is None:
+            if f.new_out is None or stream is not None:
+                return None
+            out = f.new_out()
+        pa, pb, pc, pbias = (fastpath.pointer(fw, a_shard), fastpath.pointer(fw, b), fastpath.pointer(fw, out),
+                             fastpath.pointer(fw, bias))
+        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
+            return None
+        with self._fast_lock:
+            f.bound.point(self._gath.ptr if self.world > 1 else pa, pb)
+            if pc != f.out_ptr or pbias != f.bias_ptr:
+                epilogue = engine.plain_epilogue(self.out_dtype)
+                f.bound.set_epilogue(engine.epilogue_params(epilogue, pc, f.m, self.n, f.ldc, self.out_dtype, pbias, f.bias_kind))
+                f.out_ptr, f.bias_ptr = pc, pbias
+            self.calls += 1
+            if self.world == 1:
+                f.bound.launch(s)
+            else:
+                with self._device():
+                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s))
+        return out
 
     def _call(self, c: Call, return_gathered: bool):
         """A call whose every argument check_call passed."""
@@ -524,7 +619,7 @@ class AGGemm(CollectiveOp):
             tc, out_obj = c.tout, c.tout.obj
         else:
             tc, out_obj = new_output((m, self.n), self.out_dtype, ta, stream=s)
-        fields = (m_loc, self.k, DTYPE_CODE[dt], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
+        fields = self._fields(m_loc)
         if config is None:
             if m not in self._cfgs and m not in self._forced and env.tune_mode() == "on":
                 self.tune_first_use(m, s)
@@ -548,6 +643,10 @@ class AGGemm(CollectiveOp):
         view = _cupy_matrix(self._gath.ptr, m, self.k, dt, self, dev)
         return result, wrap_output(ta, view, stream=s)
 
+    def _fields(self, m_loc: int) -> tuple[int, ...]:
+        """The call record's fields (META_FIELDS)."""
+        return (m_loc, self.k, DTYPE_CODE[self.dtype], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
+
     def _call_local(self, ta, tb, bias, out, tg, gathered_out, return_gathered, s, config):
         """World 1: no communication. The gathered A is a_shard itself."""
         res = gemm(ta, tb, b_layout=self.b_layout,
@@ -566,19 +665,22 @@ class AGGemm(CollectiveOp):
         return res, (gathered_out if gathered_out is not None else ta.obj)
 
     def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
+        src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
+        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
+        self._steps(s, ta.ptr, src_pitch, m_loc, self.meta_fields(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"))
+
+    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, meta: bytes, launch_gemm) -> None:
+        """The call's schedule: the local chunk, the copies and flags, the GEMM (launch_gemm()), the check."""
         from cupy.cuda import runtime
 
         rank, world = self.rank, self.world
         chunk = self.chunk_bytes(m_loc)
-        src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
         gath, ready = self._gath, self._ready
-        meta = self.meta_fields(fields)
-        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
         sides: list[int] = []
         for st in schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))):
             kind = st.kind
             if kind == "local":
-                self._launch_local(s, ta.ptr, src_pitch, m_loc, meta)
+                self._launch_local(s, a_ptr, src_pitch, m_loc, meta)
             elif kind == "barrier":
                 self.barrier(s)
             elif kind == "fork":
@@ -586,7 +688,7 @@ class AGGemm(CollectiveOp):
             elif kind == "copy":
                 dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk
                 if st.src == "shard":
-                    runtime.memcpy2DAsync(dst, self.row_bytes, ta.ptr, src_pitch, self.row_bytes, m_loc,
+                    runtime.memcpy2DAsync(dst, self.row_bytes, a_ptr, src_pitch, self.row_bytes, m_loc,
                                           runtime.memcpyDefault, sides[st.side])
                 else:
                     runtime.memcpyAsync(dst, gath.peer_ptrs[st.src_rank] + st.chunk * chunk, chunk, runtime.memcpyDefault,
@@ -597,9 +699,9 @@ class AGGemm(CollectiveOp):
                 runtime.memcpyAsync(ready.peer_ptrs[st.dst_rank] + 4 * st.chunk, self.epoch_ptr, 4, runtime.memcpyDefault,
                                     sides[st.side])
             elif kind == "sm_copy":
-                self._launch_copy(s, ta.ptr, src_pitch, m_loc)
+                self._launch_copy(s, a_ptr, src_pitch, m_loc)
             elif kind == "gemm":
-                self._launch_gemm(s, gemm, pdl=self.copy == "sm")
+                launch_gemm()
             elif kind == "check":
                 self.check_meta(sides[0] if sides else s)
             elif kind == "join":
@@ -626,19 +728,25 @@ class AGGemm(CollectiveOp):
     def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
         params), resolved before the call issues anything: no compile or module load happens
-        while this rank's barrier spins. The engine's pipeline waits trap when they expire: they
-        get longer than any flag wait, so a late peer surfaces as the flag wait's clear error."""
+        while this rank's barrier spins."""
+        m, n = m_loc * self.world, self.n
+        plan, pro = self._gemm_plan(s, cfg, m_loc)
+        ldc = tc.strides[0] if m > 1 else n
+        epi = engine.epilogue_params(engine.plain_epilogue(self.out_dtype), tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
+        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
+        return plan, plan.args(self._gath.ptr, tb.ptr, self.k, ldb, pro, epi)
+
+    def _gemm_plan(self, s: int, cfg: GemmConfig, m_loc: int):
+        """(the GEMM's plan on the gathered A, AgWait's params) for calls of m_loc rows per rank on
+        stream s. The engine's pipeline waits trap when they expire: they get longer than any
+        flag wait, so a late peer surfaces as the flag wait's clear error."""
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
         pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._ready.ptr, m_loc, self.rank, self.world, 0)
-        ldc = tc.strides[0] if m > 1 else n
-        epilogue = engine.plain_epilogue(self.out_dtype)  # the plain GEMM's: TmaStore for 16-bit C
-        epi = engine.epilogue_params(epilogue, tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
-        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         seg_count, seg_start = rotation(m, self.world, self.rank, cfg.tile)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
-                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=epilogue, seg_count=seg_count,
-                           seg_start=seg_start, timeout_ns=self.pipeline_timeout_ns())
-        return plan, plan.args(self._gath.ptr, tb.ptr, k, ldb, pro, epi)
+                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),
+                           seg_count=seg_count, seg_start=seg_start, timeout_ns=self.pipeline_timeout_ns())
+        return plan, pro
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:
         plan, args = prepared
@@ -687,6 +795,7 @@ def cached_op(group, n: int, k: int, dtype, b_layout: str = "nk", *, direction: 
 
 def clear_cache() -> None:
     """Close the cached op objects (collective: every rank must call it)."""
+    _fn_ops.clear()
     _cache.clear()
 
 
@@ -700,6 +809,16 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     The op objects behind it are cached per (group, n_local, k, dtype, layout, direction, copy)
     and grown (collectively, bounded) when m exceeds them; make one call with the largest m
     before capturing a CUDA graph."""
+    fast = None
+    if gathered_out is None and not return_gathered:
+        key = _fast_key(a_shard, b, bias, out)
+        if key is not None:
+            # the defaults as the environment says now: a changed RAWFLUX_AG_* picks another op
+            fast = (b_layout, env.ag_direction() if direction is None else direction, copy if copy is not None else env.ag_copy(),
+                    out_dtype)
+            got = _fn_fast_call(group, fast, key, a_shard, b, bias, out, stream)
+            if got is not None:
+                return got
     g = resolve_group(group)
     direction = env.ag_direction() if direction is None else direction
     copy = default_copy(g, copy)
@@ -726,4 +845,27 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
                    bias=bias, out=out, gathered_out=gathered_out, stream=s if s is not None else stream)
     op = shared_op(g, n, k, ta.dtype, b_layout, ta.shape[0] * g.world, direction=direction, copy=copy, out_dtype=od,
                    stream=c.stream)
-    return op._call(c, return_gathered)
+    res = op._call(c, return_gathered)
+    if fast is not None:
+        op.remember_fast(key, op._fast_for(c, res, key[0]))
+        if len(_fn_ops) >= FAST_ENTRIES_MAX:
+            _fn_ops.clear()
+        _fn_ops[(id(g),) + fast + key] = op
+    return res
+
+
+# The functional form's fast path: (group, options, call metadata) -> the op a validated call with
+# them ran on (its entry for the metadata holds the launches).
+_fn_ops: dict[tuple, AGGemm] = {}
+
+
+def _fn_fast_call(group, options: tuple, key: tuple, a_shard, b, bias, out, stream):
+    try:
+        g = resolve_group(group)
+    except DistError:
+        return None  # the validated path says what is missing, after the argument checks
+    op = _fn_ops.get((id(g),) + options + key)
+    if op is None or op.group is not g:
+        return None
+    f = op.fast_entry(key)
+    return None if f is None else op._fast_call(f, a_shard, b, bias, out, stream)

@@ -6,11 +6,12 @@ through the engine's plan (rawflux.engine), which the fused ops use with their o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from .. import engine, tune
 from ..engine import GemmPlan
-from ..runtime import DType, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
+from ..runtime import DType, as_tensor, fastpath, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig
 
 __all__ = ["gemm"]
@@ -57,11 +58,9 @@ def _timer(launch_with, stream: int, device_id: int):
 # depends on the pointers (alignment, overlap with the output, tensor maps) is redone.
 
 
-@dataclass
+@dataclass(eq=False)
 class _Fast:
-    plan: GemmPlan
-    lda: int
-    ldb: int
+    bound: engine.BoundGemm  # the plan's launch with its own argument block
     ldc: int
     out_shape: tuple[int, int]
     out_dtype: object  # the framework's dtype for a new output
@@ -70,74 +69,42 @@ class _Fast:
     epilogue: str  # the plan's epilogue policy (its params are rebuilt per output pointer)
     spans: tuple[int, int, int, int]  # bytes covered by a, b, out, bias
     stream: int  # the plan's split-K workspace belongs to this stream
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one thread patches and launches at a time
+    out_ptr: int = 0  # the epilogue's pointers as last written
+    bias_ptr: int = 0
 
 
 _fast: dict[tuple, _Fast] = {}
 _FAST_MAX = 1024
 
 
-def _meta_torch(x):
-    return (x.shape, x.stride(), x.dtype, x.get_device())
-
-
-def _meta_cupy(x):
-    return (x.shape, x.strides, x.dtype, x.device.id)
-
-
-def _fw(x):
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        return "torch"
-    if mod.startswith("cupy"):
-        return "cupy"
-    return None
-
-
-def _fast_key(fw, a, b, bias, out, b_layout, out_dtype, config):
-    meta = _meta_torch if fw == "torch" else _meta_cupy
-    return (fw, b_layout, out_dtype, config, meta(a), meta(b), None if bias is None else meta(bias),
-            None if out is None else meta(out))
-
-
-def _span(t) -> int:
-    rows, cols = (t.shape if len(t.shape) == 2 else (1, t.shape[0]))
-    ld = t.strides[0] if len(t.shape) == 2 else cols
-    return ((rows - 1) * ld + cols) * t.itemsize if rows and cols else 0
-
-
 def _fast_call(fw, f: _Fast, a, b, bias, out):
-    if fw == "torch":
-        import torch
+    stream = fastpath.current_stream(fw, a.get_device() if fw == "torch" else a.device.id)
+    if stream != f.stream:
+        return None  # another stream: the validated path makes a plan (and workspace) for it
+    if out is None:
+        if fw == "torch":
+            import torch
 
-        stream = torch.cuda.current_stream(a.get_device()).cuda_stream
-        if stream != f.stream:
-            return None  # another stream: the validated path makes a plan (and workspace) for it
-        pa, pb = a.data_ptr(), b.data_ptr()
-        pbias = bias.data_ptr() if bias is not None else 0
-        if out is None:
             out = torch.empty(f.out_shape, dtype=f.out_dtype, device=a.device)
-        pc = out.data_ptr()
-    else:
-        import cupy
+        else:
+            import cupy
 
-        stream = cupy.cuda.get_current_stream(a.device.id).ptr
-        if stream != f.stream:
-            return None
-        pa, pb = a.data.ptr, b.data.ptr
-        pbias = bias.data.ptr if bias is not None else 0
-        if out is None:
             with a.device:
                 out = cupy.empty(f.out_shape, dtype=f.out_dtype)
-        pc = out.data.ptr
+    pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
     if (pa | pb | pc) & 15 or pbias & 3:
         return None  # a misaligned pointer: the validated path says which
     sa, sb, sc, sbias = f.spans
-    c1 = pc + sc
-    if (pc < pa + sa and pa < c1) or (pc < pb + sb and pb < c1) or (pbias and pc < pbias + sbias and pbias < c1):
+    if not fastpath.apart(pc, sc, (pa, pb, pbias), (sa, sb, sbias)):
         return None  # out overlaps an input: the validated path raises
-    m, n = f.out_shape
-    epi = engine.epilogue_params(f.epilogue, pc, m, n, f.ldc, f.plan_out_dtype, pbias, f.bias_kind)
-    f.plan.launch(pa, pb, lda=f.lda, ldb=f.ldb, stream=stream, epilogue_params=epi)
+    with f.lock:
+        f.bound.point(pa, pb)
+        if pc != f.out_ptr or pbias != f.bias_ptr:
+            m, n = f.out_shape
+            f.bound.set_epilogue(engine.epilogue_params(f.epilogue, pc, m, n, f.ldc, f.plan_out_dtype, pbias, f.bias_kind))
+            f.out_ptr, f.bias_ptr = pc, pbias
+        f.bound.launch(stream)
     return out
 
 
@@ -150,11 +117,11 @@ def gemm(a, b, *, b_layout: str = "nk", bias=None, out=None, out_dtype=None, str
     (``out`` itself when given). Runs on ``stream`` (else torch's current stream for torch inputs,
     else CuPy's). Every check happens before the launch.
     """
-    fw = _fw(a) if stream is None else None
+    fw = fastpath.framework(a) if stream is None else None
     key = None
-    if fw is not None and _fw(b) == fw and (out is None or _fw(out) == fw) and (bias is None or _fw(bias) == fw):
+    if fw is not None and fastpath.same_framework(fw, b, bias, out):
         try:
-            key = _fast_key(fw, a, b, bias, out, b_layout, out_dtype, config)
+            key = (fw, b_layout, out_dtype, config) + fastpath.call_key(fw, a, b, bias, out)
             hit = _fast.get(key)
         except (AttributeError, TypeError):  # not a plain array after all (or unhashable options)
             key = hit = None
@@ -162,7 +129,8 @@ def gemm(a, b, *, b_layout: str = "nk", bias=None, out=None, out_dtype=None, str
             got = _fast_call(fw, hit, a, b, bias, out)
             if got is not None:
                 return got
-    res, entry = _gemm_checked(a, b, b_layout=b_layout, bias=bias, out=out, out_dtype=out_dtype, stream=stream, config=config)
+    res, entry = _gemm_checked(a, b, b_layout=b_layout, bias=bias, out=out, out_dtype=out_dtype, stream=stream, config=config,
+                               want_entry=key is not None)
     if key is not None and entry is not None:
         if len(_fast) >= _FAST_MAX:
             _fast.clear()
@@ -170,8 +138,8 @@ def gemm(a, b, *, b_layout: str = "nk", bias=None, out=None, out_dtype=None, str
     return res
 
 
-def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
-    """The validated path: every check, then the launch. Returns (result, fast-path entry)."""
+def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config, want_entry: bool = False):
+    """The validated path: every check, then the launch. Returns (result, fast-path entry or None)."""
     if b_layout not in ("nk", "kn"):
         raise ValueError(f"b_layout must be 'nk' (b is (n, k)) or 'kn' (b is (k, n)), not {b_layout!r}")
     # Every check before the first CUDA call (CuPy and torch inputs are read without one); the
@@ -234,13 +202,13 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config):
     plan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
     res = wrap_output(ta, tc, stream=s)
     entry = None
-    if ta.framework == tb.framework == tc.framework and ta.framework in ("torch", "cupy") and tc.wrap_to is None:
+    if want_entry and ta.framework == tb.framework == tc.framework and ta.framework in ("torch", "cupy") and tc.wrap_to is None:
         if ta.framework == "torch":
             import torch
 
             new_dtype = getattr(torch, od.torch_name)
         else:
             new_dtype = od.np
-        entry = _Fast(plan, lda, ldb, ldc, (m, n), new_dtype, od, bias_kind, epilogue,
-                      (_span(ta), _span(tb), _span(tc), _span(tbias) if tbias is not None else 0), s)
+        entry = _Fast(plan.bind(lda, ldb), ldc, (m, n), new_dtype, od, bias_kind, epilogue,
+                      (fastpath.span(ta), fastpath.span(tb), fastpath.span(tc), fastpath.span(tbias)), s)
     return res, entry

@@ -35,13 +35,14 @@ import threading
 from dataclasses import dataclass, replace
 
 from .. import engine, env, tune
+from ..dist import DistError
 from ..dist.layout import OP_GEMM_RS
 from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
-from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
+from ..runtime import DType, Tensor, as_tensor, fastpath, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FAST_ENTRIES_MAX, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
@@ -210,6 +211,7 @@ class Call:
     bias_kind: int
     tout: Tensor | None  # the caller's out= (None: a new output)
     stream: int
+    bias_span: int = 0  # bytes the bias covers
 
 
 def check_call(a, b_shard, *, n: int, k: int, dtype: DType, b_layout: str, device: int, world: int, max_m: int | None = None,
@@ -229,7 +231,37 @@ def check_call(a, b_shard, *, n: int, k: int, dtype: DType, b_layout: str, devic
     tout = None if out is None else check_out(out, "out", shape=(m_loc, n), dtype=dtype, device=device, inputs=inputs, stream=s)
     if s is None:
         s = resolve_stream(None, [t for t in (ta, tb, tbias, tout) if t is not None])
-    return Call(ta, tb, bias_ptr, bias_kind, tout, s)
+    return Call(ta, tb, bias_ptr, bias_kind, tout, s, fastpath.span(tbias))
+
+
+@dataclass(eq=False)
+class _Fast:
+    """A validated call's launch, for later calls with the same metadata: only the pointers and
+    the stream are checked again (rawflux.runtime.fastpath)."""
+
+    stream: int
+    bound: engine.BoundGemm
+    rest: bytes  # the epilogue's Params past the out map, bias_kind set (world > 1)
+    m: int
+    m_loc: int
+    ldc: int
+    bias_kind: int
+    spans: tuple[int, int, int]  # bytes covered by a, b_shard, bias
+    out_span: int
+    new_out: object  # makes a new output like the validated call's (None: that call passed out=)
+    out_ptr: int = 0  # the epilogue's pointers as last written
+    bias_ptr: int = 0
+
+
+def _fast_key(a, b_shard, bias, out):
+    """(framework, metadata...) of a call fastpath can take, else None."""
+    fw = fastpath.framework(a)
+    if fw is None or not fastpath.same_framework(fw, b_shard, bias, out):
+        return None
+    try:
+        return (fw,) + fastpath.call_key(fw, a, b_shard, bias, out)
+    except (AttributeError, TypeError):  # not a plain array after all
+        return None
 
 
 @dataclass(frozen=True)
@@ -485,6 +517,7 @@ class GemmRS(CollectiveOp):
         with self._plans_lock:
             self._forced[m] = cfg
             self._plans.pop(m, None)
+        self.forget_fast()
 
     def warmup(self, ms) -> None:
         """Compile and load the kernels for calls of these m (do it before a graph capture)."""
@@ -498,9 +531,67 @@ class GemmRS(CollectiveOp):
     def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
         """out (m/W, n) = this rank's rows of sum_q a_q @ b_q^T (+ bias). Every check runs
         before any launch; a previous call's device-side failure raises here."""
+        key = _fast_key(a, b_shard, bias, out)
+        f = self.fast_entry(key)
+        if f is not None:
+            got = self._fast_call(f, a, b_shard, bias, out, stream)
+            if got is not None:
+                return got
         c = check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
                        world=self.world, max_m=self.max_m, bias=bias, out=out, stream=stream)
-        return self._call(c)
+        res = self._call(c)
+        if key is not None:
+            self.remember_fast(key, self._fast_for(c, res, key[0]))
+        return res
+
+    # --- the fast path (rawflux.runtime.fastpath): a call like a validated one -------------------
+    def _fast_for(self, c: Call, res, fw: str) -> _Fast:
+        """The fast-path entry of validated call c (already launched; res: what it returned)."""
+        ta, tb, s, n, dt = c.ta, c.tb, c.stream, self.n, self.dtype
+        m = ta.shape[0]
+        m_loc = m // self.world
+        lda = ta.strides[0] if m > 1 else self.k
+        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
+        ldc = c.tout.strides[0] if c.tout is not None and m_loc > 1 else n
+        if self.world == 1:
+            bound, rest = self._local_plan(m, s).bind(lda, ldb), b""
+        else:
+            _, gplan, rest = self._plan_entry(m)
+            if c.bias_kind:
+                rest = rest[:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind) + rest[_BIAS_KIND_AT + 4:]
+            bound = gplan.bind(lda, ldb)
+        spans = (fastpath.span(ta), fastpath.span(tb), c.bias_span)
+        new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
+        return _Fast(s, bound, rest, m, m_loc, ldc, c.bias_kind, spans, fastpath.byte_span(m_loc, n, ldc, dt.itemsize), new_out)
+
+    def _fast_call(self, f: _Fast, a, b_shard, bias, out, stream):
+        """Launch f for these arrays, or None where the validated path must look at the call."""
+        fw = fastpath.framework(a)
+        s = fastpath.current_stream(fw, self.device_id) if stream is None else fastpath.stream_of(stream)
+        if s != f.stream or not self.fast_ready():
+            return None
+        if out is None:
+            if f.new_out is None or stream is not None:
+                return None
+            out = f.new_out()
+        pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b_shard), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
+        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
+            return None
+        with self._fast_lock:
+            f.bound.point(pa, pb)
+            if pc != f.out_ptr or pbias != f.bias_ptr:
+                if self.world == 1:
+                    f.bound.set_epilogue(engine.epilogue_params(engine.plain_epilogue(self.dtype), pc, f.m, self.n, f.ldc, self.dtype,
+                                                                pbias, f.bias_kind))
+                else:
+                    if not f.out_ptr:
+                        f.bound.set_epilogue(f.rest, 128)  # once: everything past the out map
+                    f.bound.set_epilogue(tensor_map(pc, self.dtype, f.m_loc, self.n, f.ldc, 64, 64))
+                    f.bound.set_epilogue(struct.pack("<Q", pbias), 128 + _BIAS_AT)
+                f.out_ptr, f.bias_ptr = pc, pbias
+            f.bound.launch(s)
+            self.calls += 1
+        return out
 
     def _call(self, c: Call):
         """A call whose every argument check_call passed."""
@@ -574,10 +665,16 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     on first use and grown collectively when m exceeds its capacity; use GemmRS directly to size
     buffers once (and before capturing a CUDA graph).
     """
+    key = _fast_key(a, b_shard, bias, out)
+    if key is not None:
+        got = _fn_fast_call(group, (b_layout, partials), key, a, b_shard, bias, out, stream)
+        if got is not None:
+            return got
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"gemm_rs: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k)) or 'kn' (b_shard is (k, n))")
     if partials is not None and partials not in PARTIALS:
         raise ValueError(f"gemm_rs: partials={partials!r}: use the output's type (default) or 'fp32'")
+    options = (b_layout, partials)
     group = resolve_group(group)
     # Every argument is checked before the op is built or grown (collective): a rank with a bad
     # argument raises here, its peers at the bounded agreement instead of hanging.
@@ -597,10 +694,35 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     dt, partials = check_op_args(group.world, m, n, k, ta.dtype, b_layout, partials)  # what building the op would refuse
     c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, world=group.world, bias=bias, out=out,
                    stream=s if s is not None else stream)
-    return shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)._call(c)
+    op = shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)
+    res = op._call(c)
+    if key is not None:
+        op.remember_fast(key, op._fast_for(c, res, key[0]))
+        if len(_fn_ops) >= FAST_ENTRIES_MAX:
+            _fn_ops.clear()
+        _fn_ops[(id(group),) + options + key] = op
+    return res
+
+
+# The functional form's fast path: (group, options, call metadata) -> the op a validated call with
+# them ran on (its entry for the metadata holds the launch).
+_fn_ops: dict[tuple, GemmRS] = {}
+
+
+def _fn_fast_call(group, options: tuple, key: tuple, a, b_shard, bias, out, stream):
+    try:
+        g = resolve_group(group)
+    except DistError:
+        return None  # the validated path says what is missing, after the argument checks
+    op = _fn_ops.get((id(g),) + options + key)
+    if op is None or op.group is not g:
+        return None
+    f = op.fast_entry(key)
+    return None if f is None else op._fast_call(f, a, b_shard, bias, out, stream)
 
 
 def clear_cache() -> None:
     """Close the op objects the functional form made (collective)."""
+    _fn_ops.clear()
     _ops.clear()
 

@@ -416,6 +416,9 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(P, "_plans", {})
     monkeypatch.setattr(P, "launch", lambda kern, grid, threads, cluster, smem, s, args, pdl=False: log.append(
         dict(relpath=kern[0], name=kern[1], grid=grid, threads=threads, cluster=cluster, smem=smem, stream=s, args=args)))
+    monkeypatch.setattr(L.LaunchBlock, "launch", lambda blk, s: log.append(  # the fast path's own argument blocks
+        dict(relpath=blk.kernel[0], name=blk.kernel[1], grid=blk.grid, threads=blk.threads, cluster=blk.cluster, smem=blk.smem,
+             stream=s, args=blk.args())))
     return log, lambda n: sms.__setitem__("n", n)
 
 

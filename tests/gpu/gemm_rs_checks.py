@@ -402,11 +402,7 @@ def check_graph(g, comm, replays: int = 100) -> Check:
             errs = cupy.full(replays, cupy.nan, cupy.float32)
         op = GemmRS(g, m, n, k, "bf16")
         try:
-            op(a, b, bias=bias, out=out, stream=s)  # compile + plan outside the capture
-            op.synchronize(s)
-            s.begin_capture()
-            op(a, b, bias=bias, out=out, stream=s)
-            graph = s.end_capture()
+            graph = op.capture(a, b, bias=bias, out=out, stream=s)  # one warm call, then the capture
             for i in range(replays):
                 with s:
                     gen = cupy.random.default_rng(seed * 1000 + i)  # every rank draws every rank's inputs
@@ -421,7 +417,7 @@ def check_graph(g, comm, replays: int = 100) -> Check:
                     copy16(bias, dev_from_f32(gen.standard_normal(n, dtype=cupy.float32), "bf16"))
                     want += dev_f32(bias)
                     poison(out)
-                graph.launch(stream=s)
+                graph.replay(stream=s)
                 with s:
                     d = dev_f32(out) - want
                     errs[i] = cupy.sqrt(cupy.sum(d * d) / cupy.sum(want * want))
@@ -433,7 +429,87 @@ def check_graph(g, comm, replays: int = 100) -> Check:
     detail = f"m={m} n={n} k={k}: 1 capture, {replays} replays with fresh inputs and bias, max rel err {np.nanmax(e) if np.isfinite(e).any() else float('nan'):.2e}"
     if bad.size:
         detail += f" | rank {r}: {bad.size} bad replays, first #{int(bad[0])} err {e[bad[0]]:.3e}"
-    return Check("graph", bad.size == 0, detail)
+    return Check("graph", bad.size == 0 and graph.replays == replays, detail)
+
+
+def check_fast_path(g, comm, calls: int = 48) -> Check:
+    """Calls repeating a validated call's metadata take the host's fast path: rotating over three
+    sets of buffers (new pointers every call), with and without bias, CuPy on an explicit stream
+    (out= given) and torch on its current stream (out= not given). Each result must equal, bit for
+    bit, the validated path's on the same inputs (the same kernel config), and the fast path must
+    have been taken."""
+    import cupy
+
+    from rawflux.ops.gemm_rs import GemmRS, check_call
+
+    W, r = g.world, g.rank
+    m, n, k = W * 64, 256, 512
+    seed = _fresh_seed(comm)
+    bad, fast = [], 0
+    with cupy.cuda.Device(g.device_id):
+        s = cupy.cuda.Stream(non_blocking=True)
+        op = GemmRS(g, m, n, k, "bf16")
+        try:
+            with s:
+                gen = cupy.random.default_rng(seed * 7919 + r)
+                sets = [dict(a=empty16((m, k), "bf16"), b=empty16((n, k), "bf16"), out=empty16((m // W, n), "bf16"),
+                             bias=empty16((n,), "bf16")) for _ in range(3)]
+                ref = empty16((m // W, n), "bf16")
+            for i in range(calls):
+                x, with_bias = sets[i % 3], (i // 3) % 2 == 1
+                with s:
+                    for name in ("a", "b", "bias"):
+                        copy16(x[name], dev_from_f32(gen.standard_normal(x[name].shape, dtype=cupy.float32), "bf16"))
+                    poison(x["out"])
+                    poison(ref)
+                bias = x["bias"] if with_bias else None
+                before = op.calls
+                checked = op._fast.copy()
+                op(x["a"], x["b"], bias=bias, out=x["out"], stream=s)
+                fast += op.calls == before + 1 and op._fast == checked and i >= 6  # no new entry: the fast path ran
+                op._call(check_call(x["a"], x["b"], n=n, k=k, dtype=op.dtype, b_layout="nk", device=g.device_id, world=W, max_m=m,
+                                    bias=bias, out=ref, stream=s))
+                with s:
+                    same = bool(cupy.array_equal(x["out"].view(cupy.uint16), ref.view(cupy.uint16)))
+                if not same:
+                    bad.append(i)
+            op.synchronize(s)
+            torch_note = "torch not importable"
+            try:
+                import torch
+            except ImportError:
+                torch = None
+            if torch is not None:
+                dev = torch.device("cuda", g.device_id)
+                tg = torch.Generator(device=dev).manual_seed(seed + r)
+                for i in range(6):
+                    a_t = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=tg)
+                    b_t = torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=tg)
+                    got = op(a_t, b_t)
+                    want = op._call(check_call(a_t, b_t, n=n, k=k, dtype=op.dtype, b_layout="nk", device=g.device_id, world=W, max_m=m))
+                    torch.cuda.synchronize(dev)
+                    if not torch.equal(got, want):
+                        bad.append(f"torch#{i}")
+                o_t = torch.empty(m // W, n, device=dev, dtype=torch.bfloat16)
+                graph = op.capture(a_t, b_t, out=o_t)  # torch's current stream: captured on a private one
+                for i in range(3):
+                    a_t.copy_(torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=tg))
+                    b_t.copy_(torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=tg))
+                    o_t.fill_(float("nan"))
+                    graph.replay()
+                    want = op._call(check_call(a_t, b_t, n=n, k=k, dtype=op.dtype, b_layout="nk", device=g.device_id, world=W, max_m=m))
+                    torch.cuda.synchronize(dev)
+                    if not torch.equal(o_t, want):
+                        bad.append(f"torch-graph#{i}")
+                torch_note = "6 torch calls (out= not given, current stream), 3 torch graph replays (op.capture)"
+            op.synchronize(s)
+        finally:
+            op.close()
+    ok = _all(comm, not bad and fast == calls - 6)
+    detail = f"m={m} n={n} k={k}: {calls} CuPy calls over 3 buffer sets, {fast} on the fast path, {torch_note}; all bitwise = validated path"
+    if bad or fast != calls - 6:
+        detail += f" | rank {r}: differing calls {bad[:6]}, fast {fast}/{calls - 6}"
+    return Check("fast_path", ok, detail)
 
 
 def check_missing_rank(comm, timeout_s: float) -> Check:
@@ -714,6 +790,7 @@ def iter_checks(comm, args):
     yield _guard(comm, g, "deterministic", lambda: check_deterministic(g, comm, args.runs))
     yield _guard(comm, g, "loop1000", lambda: check_loop(g, comm, args.calls))
     yield _guard(comm, g, "graph", lambda: check_graph(g, comm, args.replays))
+    yield _guard(comm, g, "fast_path", lambda: check_fast_path(g, comm))
     if not args.no_perf:
         try:
             for c in check_perf(g, comm, args.stall_s):
