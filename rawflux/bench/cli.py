@@ -19,7 +19,7 @@ from .. import env
 from ..dist import DistError
 from ..runtime import CudaUnavailable
 from .layer import DECODE_M, LAYER_PRESETS, PHASES, QUICK_DECODE_M, build_layer_problems, parse_phases
-from .problems import DEFAULT_M, PRESETS, QUICK_M, Problem, build_problems, parse_ints
+from .problems import DECODE_SET_M, DEFAULT_M, PRESETS, QUICK_M, Problem, build_problems, parse_ints
 from .registry import Failed, Unavailable, impls
 from .report import bus_gbps, derive, format_table, now_iso, tflops, write_json
 
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                          f"(global sizes: ag_gemm splits n over ranks, gemm_rs splits k); --op layer: {', '.join(LAYER_PRESETS)} "
                          "(default llama70b) or 'hidden,ffn,heads,kv_heads,head_dim'")
     ap.add_argument("--m", default=None, help=f"comma-separated m values (default {','.join(map(str, DEFAULT_M))}; --quick: {','.join(map(str, QUICK_M))})")
+    ap.add_argument("--decode", action="store_true",
+                    help=f"the decode set: m = {','.join(map(str, DECODE_SET_M))} over the paper's and Llama-3-70B's shapes "
+                         f"(--m, --shapes override), the host's time per call in its own column")
     ap.add_argument("--phase", default=",".join(PHASES), help=f"--op layer: comma-separated among {', '.join(PHASES)} (default all)")
     ap.add_argument("--decode-m", default=None,
                     help=f"--op layer: the decode phase's m values (default {','.join(map(str, DECODE_M))}; --quick: {','.join(map(str, QUICK_DECODE_M))})")
@@ -65,9 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
-    args.shapes = args.shapes or ("llama70b" if args.op == "layer" else "paper")
+    if args.decode and args.op == "layer":
+        ap.error("--decode: the layer steps have their own decode phase (--phase decode, --decode-m)")
+    args.shapes = args.shapes or ("llama70b" if args.op == "layer" else "paper,llama70b" if args.decode else "paper")
     try:
-        args.m_list = parse_ints(args.m, "--m") if args.m else list(QUICK_M if args.quick else DEFAULT_M)
+        default_m = DECODE_SET_M if args.decode else QUICK_M if args.quick else DEFAULT_M
+        args.m_list = parse_ints(args.m, "--m") if args.m else list(default_m)
         args.decode_m_list = parse_ints(args.decode_m, "--decode-m") if args.decode_m else list(QUICK_DECODE_M if args.quick else DECODE_M)
         args.phases = parse_phases(args.phase)
         args.dtypes = [_dtype_tag(d) for d in args.dtype.split(",") if d.strip()]
@@ -181,6 +187,7 @@ def measure(ctx, impl, timer):
     times = timer.time(run, ctx.nsets, impl.inner)
     s = summarize(times)
     host = getattr(run, "host_us", None)
+    host = getattr(timer, "host_us", None) if host is None else host  # the queueing the timed iterations measured
     return {
         "ms": comm.allreduce(s["median"], op=MPI.MAX),
         "ms_rank_min": comm.allreduce(s["median"], op=MPI.MIN),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 DEFAULT_M = (1024, 2048, 4096, 8192)
 QUICK_M = (1024,)
+DECODE_SET_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # --decode; an m that W does not divide is skipped, saying so
 
 # Named shape sets: op -> [(label, n, k)], the full model's layer, before the TP split.
 PRESETS: dict[str, dict[str, list[tuple[str, int, int]]]] = {

@@ -146,7 +146,7 @@ def _fmt(v, spec: str) -> str:
 def format_table(records: list[dict]) -> str:
     """A plain-text table, one line per record, problems separated by a blank line."""
     head = f"{'op':8s} {'shape':22s} {'W':>2s} {'m':>6s} {'n':>6s} {'k':>6s} {'dt':4s} {'impl':22s} {'role':10s} " \
-           f"{'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>7s} {'speedup':>7s} {'expo ms':>8s} {'overlap':>7s}"
+           f"{'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>7s} {'speedup':>7s} {'expo ms':>8s} {'overlap':>7s} {'host us':>7s}"
     lines = [head, "-" * len(head)]
     last = None
     for r in records:
@@ -164,6 +164,6 @@ def format_table(records: list[dict]) -> str:
             f"{r['op']:8s} {r.get('label', '')[:22]:22s} {r['world']:>2d} {r['m']:>6d} {r['n']:>6d} {r['k']:>6d} {r['dtype']:4s} "
             f"{r['impl'][:22]:22s} {r['role']:10s} {r['ms']:>9.4f} {_fmt(r.get('tflops'), '8.1f'):>8s} "
             f"{_fmt(r.get('gbps'), '7.1f'):>7s} {_fmt(r.get('speedup'), '7.3f'):>7s} {_fmt(r.get('exposed_ms'), '8.4f'):>8s} "
-            f"{_fmt(r.get('overlap_eff'), '7.3f'):>7s}"
+            f"{_fmt(r.get('overlap_eff'), '7.3f'):>7s} {_fmt(r['host_ms'] * 1e3 if r.get('host_ms') is not None else None, '7.1f'):>7s}"
         )
     return "\n".join(lines)

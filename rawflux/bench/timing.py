@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,21 +253,27 @@ class Timer:
         self.stream.synchronize()
 
     def time(self, run, nsets: int, inner: int = 1) -> list[float]:
-        """Per-execution ms of each timed iteration on this rank."""
+        """Per-execution ms of each timed iteration on this rank. Also sets ``host_us``: the
+        median over the iterations of the host's time to queue one execution (behind the delay
+        kernel, so the device never makes the host wait)."""
         cp = self._cupy
         evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(self.iters)]
         k = self.warmup * inner
         host_us = float(getattr(run, "host_us", 0.0))  # a whole model step queues for milliseconds
+        queued = []
         with cp.cuda.Device(self.group.device_id):
             for e0, e1 in evs:
                 self._delay_launch(inner, host_us)
                 self._align_launch()
                 e0.record(self.stream)
+                t0 = time.perf_counter()
                 for _ in range(inner):
                     run(k % nsets)
                     k += 1
+                queued.append((time.perf_counter() - t0) * 1e6 / inner)
                 e1.record(self.stream)
             self.stream.synchronize()
+        self.host_us = statistics.median(queued)
         return [cp.cuda.get_elapsed_time(e0, e1) / inner for e0, e1 in evs]
 
 

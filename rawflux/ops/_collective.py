@@ -52,7 +52,7 @@ from .. import env
 from ..dist import CallMismatch, CollectiveTimeout, DistError, register_failure_describer
 from ..dist.layout import CTRL_EPOCH, OP_NAMES, OP_NONE, STATE_CALL_MISMATCH, STATE_OK
 from ..jit import get_kernel, register
-from ..runtime import DType
+from ..runtime import DType, fastpath
 
 META_WORDS = 16  # kMetaWords (fused/ag_meta.cuh)
 META_FIELDS_MAX = META_WORDS - 2
@@ -425,6 +425,24 @@ class CollectiveOp:
             return False
         return self.world == 1 or (self.group.healthy() and not env.debug())
 
+    def fast_args(self, f, a, b, bias, out, stream):
+        """(stream, out, a, b, out and bias pointers) of a fast call of entry f (fields stream,
+        new_out, spans, out_span), or None where the validated path must look at the call: another
+        stream, begin() would raise, no allocator for a missing out=, a misaligned pointer, or the
+        output overlapping an input."""
+        fw = fastpath.framework(a)
+        s = fastpath.current_stream(fw, self.device_id) if stream is None else fastpath.stream_of(stream)
+        if s != f.stream or not self.fast_ready():
+            return None
+        if out is None:
+            if f.new_out is None or stream is not None:
+                return None
+            out = f.new_out()
+        pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
+        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
+            return None
+        return s, out, pa, pb, pc, pbias
+
     def fast_entry(self, key):
         """The fast-path entry of a call with metadata ``key`` (rawflux.runtime.fastpath), or None."""
         return None if key is None else self._fast.get(key)
@@ -451,7 +469,7 @@ class CollectiveOp:
         in the same order and replays its graphs in that order."""
         import cupy
 
-        from ..runtime import cupy_stream, fastpath, stream_handle
+        from ..runtime import cupy_stream, stream_handle
 
         if kw.get("out") is None:
             raise ValueError(f"{self.OP_NAME}.capture: pass out=: a graph writes into the caller's buffer on every replay")
@@ -592,8 +610,6 @@ class CollectiveOp:
 
 
 def _current_stream(fw: str | None, device: int) -> int:
-    from ..runtime import fastpath
-
     return fastpath.current_stream(fw or "cupy", device)
 
 
@@ -709,6 +725,41 @@ def bounded_allgather(group, value, what: str, timeout_s: float | None = None) -
     req = comm.Iallgather(vals, out)
     _bounded(group, req, timeout_s, what)
     return [tuple(int(x) for x in row) for row in out]
+
+
+class FunctionalFast:
+    """A functional form's fast path: (group, options, call metadata) -> the op object a
+    validated call with them ran on, whose fast-path entry for the metadata holds the launch."""
+
+    def __init__(self):
+        self._ops: dict[tuple, object] = {}
+
+    def call(self, group, options: tuple, key: tuple, *args):
+        """The op's fast call for these arguments, or None (the caller takes the validated path)."""
+        try:
+            g = resolve_group(group)
+        except DistError:
+            return None  # the validated path says what is missing, after the argument checks
+        op = self._ops.get((id(g),) + options + key)
+        if op is None or op.group is not g:
+            return None
+        f = op.fast_entry(key)
+        return None if f is None else op._fast_call(f, *args)
+
+    def remember(self, options: tuple, key: tuple, op, entry) -> None:
+        op.remember_fast(key, entry)
+        if len(self._ops) >= FAST_ENTRIES_MAX:
+            self._ops.clear()
+        self._ops[(id(op.group),) + options + key] = op
+
+    def clear(self) -> None:
+        self._ops.clear()
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def values(self):
+        return self._ops.values()
 
 
 class OpCache:

@@ -55,7 +55,6 @@ import threading
 from dataclasses import dataclass, replace
 
 from .. import engine, env, tune
-from ..dist import DistError
 from ..dist.layout import MAX_WORLD, OP_AG_GEMM
 from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, fastpath, check_out, intake_stream, new_output, resolve_stream,
@@ -63,7 +62,7 @@ from ..runtime import (DType, Tensor, as_tensor, check_matrix, fastpath, check_o
 from ..tune import GemmConfig
 from ..tune.ag_order import chunk_span, rotation
 from .gemm import gemm
-from ._collective import DTYPE_CODE, FAST_ENTRIES_MAX, CollectiveOp, OpCache, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation"]
@@ -358,17 +357,6 @@ class _Fast:
     bias_ptr: int = 0
 
 
-def _fast_key(a_shard, b, bias, out):
-    """(framework, metadata...) of a call fastpath can take, else None."""
-    fw = fastpath.framework(a_shard)
-    if fw is None or not fastpath.same_framework(fw, b, bias, out):
-        return None
-    try:
-        return (fw,) + fastpath.call_key(fw, a_shard, b, bias, out)
-    except (AttributeError, TypeError):  # not a plain array after all
-        return None
-
-
 # --------------------------------------------------------------------------------------------
 # the op object
 
@@ -543,7 +531,7 @@ class AGGemm(CollectiveOp):
                  config: GemmConfig | None = None):
         key = None
         if gathered_out is None and not return_gathered and config is None:
-            key = _fast_key(a_shard, b, bias, out)
+            key = fastpath.key(a_shard, b, bias, out)
             f = self.fast_entry(key)
             if f is not None:
                 got = self._fast_call(f, a_shard, b, bias, out, stream)
@@ -581,18 +569,10 @@ class AGGemm(CollectiveOp):
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
-        fw = fastpath.framework(a_shard)
-        s = fastpath.current_stream(fw, self.device_id) if stream is None else fastpath.stream_of(stream)
-        if s != f.stream or not self.fast_ready():
+        got = self.fast_args(f, a_shard, b, bias, out, stream)
+        if got is None:
             return None
-        if out is None:
-            if f.new_out is None or stream is not None:
-                return None
-            out = f.new_out()
-        pa, pb, pc, pbias = (fastpath.pointer(fw, a_shard), fastpath.pointer(fw, b), fastpath.pointer(fw, out),
-                             fastpath.pointer(fw, bias))
-        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
-            return None
+        s, out, pa, pb, pc, pbias = got
         with self._fast_lock:
             f.bound.point(self._gath.ptr if self.world > 1 else pa, pb)
             if pc != f.out_ptr or pbias != f.bias_ptr:
@@ -811,12 +791,12 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
     before capturing a CUDA graph."""
     fast = None
     if gathered_out is None and not return_gathered:
-        key = _fast_key(a_shard, b, bias, out)
+        key = fastpath.key(a_shard, b, bias, out)
         if key is not None:
             # the defaults as the environment says now: a changed RAWFLUX_AG_* picks another op
             fast = (b_layout, env.ag_direction() if direction is None else direction, copy if copy is not None else env.ag_copy(),
                     out_dtype)
-            got = _fn_fast_call(group, fast, key, a_shard, b, bias, out, stream)
+            got = _fn_ops.call(group, fast, key, a_shard, b, bias, out, stream)
             if got is not None:
                 return got
     g = resolve_group(group)
@@ -847,25 +827,8 @@ def ag_gemm(a_shard, b, group=None, *, b_layout: str = "nk", bias=None, out=None
                    stream=c.stream)
     res = op._call(c, return_gathered)
     if fast is not None:
-        op.remember_fast(key, op._fast_for(c, res, key[0]))
-        if len(_fn_ops) >= FAST_ENTRIES_MAX:
-            _fn_ops.clear()
-        _fn_ops[(id(g),) + fast + key] = op
+        _fn_ops.remember(fast, key, op, op._fast_for(c, res, key[0]))
     return res
 
 
-# The functional form's fast path: (group, options, call metadata) -> the op a validated call with
-# them ran on (its entry for the metadata holds the launches).
-_fn_ops: dict[tuple, AGGemm] = {}
-
-
-def _fn_fast_call(group, options: tuple, key: tuple, a_shard, b, bias, out, stream):
-    try:
-        g = resolve_group(group)
-    except DistError:
-        return None  # the validated path says what is missing, after the argument checks
-    op = _fn_ops.get((id(g),) + options + key)
-    if op is None or op.group is not g:
-        return None
-    f = op.fast_entry(key)
-    return None if f is None else op._fast_call(f, a_shard, b, bias, out, stream)
+_fn_ops = FunctionalFast()  # the functional form's fast path

@@ -35,14 +35,13 @@ import threading
 from dataclasses import dataclass, replace
 
 from .. import engine, env, tune
-from ..dist import DistError
 from ..dist.layout import OP_GEMM_RS
 from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, fastpath, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, FAST_ENTRIES_MAX, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
@@ -251,17 +250,6 @@ class _Fast:
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
     out_ptr: int = 0  # the epilogue's pointers as last written
     bias_ptr: int = 0
-
-
-def _fast_key(a, b_shard, bias, out):
-    """(framework, metadata...) of a call fastpath can take, else None."""
-    fw = fastpath.framework(a)
-    if fw is None or not fastpath.same_framework(fw, b_shard, bias, out):
-        return None
-    try:
-        return (fw,) + fastpath.call_key(fw, a, b_shard, bias, out)
-    except (AttributeError, TypeError):  # not a plain array after all
-        return None
 
 
 @dataclass(frozen=True)
@@ -531,7 +519,7 @@ class GemmRS(CollectiveOp):
     def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
         """out (m/W, n) = this rank's rows of sum_q a_q @ b_q^T (+ bias). Every check runs
         before any launch; a previous call's device-side failure raises here."""
-        key = _fast_key(a, b_shard, bias, out)
+        key = fastpath.key(a, b_shard, bias, out)
         f = self.fast_entry(key)
         if f is not None:
             got = self._fast_call(f, a, b_shard, bias, out, stream)
@@ -566,17 +554,10 @@ class GemmRS(CollectiveOp):
 
     def _fast_call(self, f: _Fast, a, b_shard, bias, out, stream):
         """Launch f for these arrays, or None where the validated path must look at the call."""
-        fw = fastpath.framework(a)
-        s = fastpath.current_stream(fw, self.device_id) if stream is None else fastpath.stream_of(stream)
-        if s != f.stream or not self.fast_ready():
+        got = self.fast_args(f, a, b_shard, bias, out, stream)
+        if got is None:
             return None
-        if out is None:
-            if f.new_out is None or stream is not None:
-                return None
-            out = f.new_out()
-        pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b_shard), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
-        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
-            return None
+        s, out, pa, pb, pc, pbias = got
         with self._fast_lock:
             f.bound.point(pa, pb)
             if pc != f.out_ptr or pbias != f.bias_ptr:
@@ -665,9 +646,9 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     on first use and grown collectively when m exceeds its capacity; use GemmRS directly to size
     buffers once (and before capturing a CUDA graph).
     """
-    key = _fast_key(a, b_shard, bias, out)
+    key = fastpath.key(a, b_shard, bias, out)
     if key is not None:
-        got = _fn_fast_call(group, (b_layout, partials), key, a, b_shard, bias, out, stream)
+        got = _fn_ops.call(group, (b_layout, partials), key, a, b_shard, bias, out, stream)
         if got is not None:
             return got
     if b_layout not in B_LAYOUTS:
@@ -697,28 +678,11 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     op = shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)
     res = op._call(c)
     if key is not None:
-        op.remember_fast(key, op._fast_for(c, res, key[0]))
-        if len(_fn_ops) >= FAST_ENTRIES_MAX:
-            _fn_ops.clear()
-        _fn_ops[(id(group),) + options + key] = op
+        _fn_ops.remember(options, key, op, op._fast_for(c, res, key[0]))
     return res
 
 
-# The functional form's fast path: (group, options, call metadata) -> the op a validated call with
-# them ran on (its entry for the metadata holds the launch).
-_fn_ops: dict[tuple, GemmRS] = {}
-
-
-def _fn_fast_call(group, options: tuple, key: tuple, a, b_shard, bias, out, stream):
-    try:
-        g = resolve_group(group)
-    except DistError:
-        return None  # the validated path says what is missing, after the argument checks
-    op = _fn_ops.get((id(g),) + options + key)
-    if op is None or op.group is not g:
-        return None
-    f = op.fast_entry(key)
-    return None if f is None else op._fast_call(f, a, b_shard, bias, out, stream)
+_fn_ops = FunctionalFast()  # the functional form's fast path
 
 
 def clear_cache() -> None:

@@ -41,6 +41,18 @@ def call_key(fw: str, *xs) -> tuple:
     return tuple(None if x is None else meta(x) for x in xs)
 
 
+def key(first, *rest):
+    """(framework, metadata of every array) of a call the fast path can take (CuPy or torch
+    throughout; None for an absent optional array), else None."""
+    fw = framework(first)
+    if fw is None or not same_framework(fw, *rest):
+        return None
+    try:
+        return (fw,) + call_key(fw, first, *rest)
+    except (AttributeError, TypeError):  # not a plain array after all
+        return None
+
+
 def pointer(fw: str, x) -> int:
     if x is None:
         return 0

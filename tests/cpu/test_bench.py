@@ -41,6 +41,42 @@ def test_quick_and_explicit_values():
     assert cli.parse_args(["--dtype", "bfloat16,float32"]).dtypes == ["bf16", "f32"]
 
 
+def test_decode_set():
+    """--decode: m = 1..512 over the paper's and Llama-3-70B's shapes; an m that W does not
+    divide is a skipped problem that says why; --m and --shapes still override."""
+    d = cli.parse_args(["--decode"])
+    assert d.m_list == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and d.shapes == "paper,llama70b"
+    probs = build_problems(["ag_gemm", "gemm_rs"], d.shapes, d.m_list, d.dtypes, world=8)
+    assert {p.label for p in probs} == {"paper.mlp_up", "paper.mlp_down", "llama70b.qkv", "llama70b.mlp_gate_up",
+                                        "llama70b.attn_out", "llama70b.mlp_down"}
+    skipped = [p for p in probs if p.check()]
+    assert {p.m for p in skipped} == {1, 2, 4} and all("not divisible by world 8" in p.check() for p in skipped)
+    assert cli.parse_args(["--decode", "--m", "64", "--shapes", "llama70b"]).m_list == [64]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--decode", "--op", "layer"])
+
+
+def test_timer_measures_the_hosts_queueing(monkeypatch):
+    """Timer.time's host_us: the median time to queue one execution (here a sleep of 2 ms)."""
+    import time
+    import types
+
+    from rawflux.bench import timing
+
+    class Ev:
+        def record(self, s):
+            pass
+
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Ev, Device=lambda d: types.SimpleNamespace(
+        __enter__=lambda s: s, __exit__=lambda s, *e: False), get_elapsed_time=lambda a, b: 1.0))
+    cp.cuda.Device = type("D", (), {"__init__": lambda s, d: None, "__enter__": lambda s: s, "__exit__": lambda s, *e: False})
+    t = timing.Timer.__new__(timing.Timer)
+    t.group, t.stream = types.SimpleNamespace(device_id=0), types.SimpleNamespace(synchronize=lambda: None)
+    t.warmup, t.iters, t.delay_us, t.align, t._delay, t._aligner, t._cupy = 0, 5, 0.0, False, None, None, cp
+    times = t.time(lambda i: time.sleep(0.002), nsets=1, inner=2)
+    assert times == [0.5] * 5 and 2000 <= t.host_us < 20000
+
+
 @pytest.mark.parametrize("argv", [
     ["--op", "nope"],
     ["--m", "0"],

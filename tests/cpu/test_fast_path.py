@@ -225,3 +225,10 @@ def test_ag_gemm_functional_form_reuses_its_op(fake_cuda, monkeypatch):  # noqa:
     finally:
         A._fn_ops.clear()
         A._cache._ops.clear()  # fake ops: nothing to close
+
+
+def test_capture_needs_out(fake_device, monkeypatch):  # noqa: F811
+    op, _ = _op(monkeypatch, 2)
+    x = _args(world=2)
+    with pytest.raises(ValueError, match="pass out="):
+        op.capture(x["a"], x["b"], stream=S)
