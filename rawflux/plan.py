@@ -330,14 +330,16 @@ class AgPrediction:
     predicted_us: float
     ratio_fused: float  # predicted / max(T_gemm_fused, T_gather)
     ratio_best: float  # predicted / max(T_gemm_best, T_gather)
+    slabs: int = 1  # k-slabs per chunk (ag_order's K-slabs; 1: whole chunks, as the kernel runs today)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: float = 370.0, sms: int = H200_SMS,
-               rank: int = 0, dtype: str = "bf16") -> AgPrediction:
-    """The AG-GEMM model for one call shape on one rank; tile a TileConfig, a tag, or None (the pick's)."""
+               rank: int = 0, dtype: str = "bf16", slabs: int = 1) -> AgPrediction:
+    """The AG-GEMM model for one call shape on one rank; tile a TileConfig, a tag, or None (the pick's);
+    slabs > 1: chunks sent as k-slabs (tune/ag_order.py), a design the kernel does not run yet."""
     if world < 2:
         raise ValueError(f"world={world}: the fused op gathers from at least 2 ranks (world 1 runs rawflux.gemm)")
     if m < world or m % world:
@@ -350,6 +352,8 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     dt = DType.from_any(dtype)
     if dt not in AG_DTYPES:
         raise ValueError(f"dtype {dtype!r}: ag_gemm takes bf16 or f16")
+    if slabs < 1 or k % (slabs * tune.BK):
+        raise ValueError(f"slabs={slabs}: k = {k} must split into that many whole {tune.BK}-column k blocks")
     dev = h200(int(sms))
     item = dt.itemsize  # the output is in the input's type
     best = tune.heuristic(m, n, k, "nk", dev, item)
@@ -367,8 +371,11 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     arr = ag_order.arrival_us(world, rank, m_loc, k, item, link_gbps)
     t_chunk = arr[(rank + 1) % world]
     t_gather = (world - 1) * t_chunk
-    need = ag_order.unit_need_us(order, t, m, world, arr)
     unit_us = t_fused / waves
+    if slabs == 1:
+        need = ag_order.unit_need_us(order, t, m, world, arr)
+    else:
+        need = ag_order.slab_need_us(order, t, m, world, ag_order.slab_arrival_us(world, rank, m_loc, k, item, link_gbps, slabs), unit_us)
     sim = ag_order.simulate(need, g, unit_us)
     w_units, w_steps, w_need, w_wait = [], [], [], []
     for w in range(waves):
@@ -389,7 +396,7 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
                         cfg.group, ag_order.row_shift(m, world, rank, t), len(order), waves, unit_us, link_gbps, t_chunk, arr,
                         w_units, w_steps, w_need, w_wait, sum(w_wait), t_fused, t_best, t_gather, copy_us, LAUNCH_US,
                         fixed, sim.gemm_end, predicted, predicted / max(t_fused, t_gather),
-                        predicted / max(t_best, t_gather))
+                        predicted / max(t_best, t_gather), slabs)
 
 
 def _ag_tile(tag: str) -> tune.TileConfig:
@@ -436,7 +443,8 @@ def _report_ag(p: AgPrediction) -> str:
         f"ag_gemm W={p.world} rank {p.rank} m={p.m} n={p.n} k={p.k}: tile {p.tile}, config {p.config} (plain pick {p.best}), "
         f"G={p.clusters}, {p.units} units ({p.ctiles_m} x {p.ctiles_n} cluster tiles, group {p.group}, shift {p.shift}), "
         f"waves={p.waves}, unit {p.unit_us:.2f} us",
-        f"chunk {p.m_local} rows: {p.chunk_us:.2f} us per step at {p.link_gbps:g} GB/s (chunk rank + s lands at step s)",
+        f"chunk {p.m_local} rows: {p.chunk_us:.2f} us per step at {p.link_gbps:g} GB/s (chunk rank + s lands at step s)"
+        + (f"; {p.slabs} k-slabs per chunk, sent slab-major (a unit needs slab j only j / {p.slabs} of its time in)" if p.slabs > 1 else ""),
         "per wave: units, the chunks they read (arrival steps), the latest arrival they need, the exposed wait",
     ]
     for w in range(p.waves):
@@ -492,6 +500,7 @@ def main(argv=None) -> int:
     g.add_argument("--sms", type=int, default=H200_SMS)
     g.add_argument("--rank", type=int, default=0)
     g.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
+    g.add_argument("--slabs", type=int, default=1, help="model chunks sent as k-slabs (default 1: whole chunks, as the kernel runs)")
     g.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.op == "ag_gemm":
@@ -509,7 +518,8 @@ def main(argv=None) -> int:
 
 def _main_ag(a) -> int:
     try:
-        p = predict_ag(a.world, a.m, a.n, a.k, tile=a.tile, link_gbps=a.link_gbps, sms=a.sms, rank=a.rank, dtype=a.dtype)
+        p = predict_ag(a.world, a.m, a.n, a.k, tile=a.tile, link_gbps=a.link_gbps, sms=a.sms, rank=a.rank, dtype=a.dtype,
+                       slabs=a.slabs)
     except ValueError as e:
         print(f"rawflux.plan: {e}", file=sys.stderr)
         return 2

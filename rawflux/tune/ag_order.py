@@ -11,8 +11,14 @@ row's, clipped at m, and it waits for every chunk (m / W rows, chunk q = rank q'
 Arrivals (push or pull, copy engine): chunk (r + s) mod W lands at s x one chunk's link time, the
 own chunk is there at 0 (ops.ag_gemm.arrival_order).
 
-Limits: every unit takes the same time (a wave of the model's GEMM time); a chunk lands whole at
-once (the flag follows the data); the link runs at one rate with no contention or latency.
+K-slabs (a design the planner models ahead of the kernel): each chunk is sent as S slabs of k / S
+columns, slab-major (every peer's slab 0, then every peer's slab 1, ...), with a flag per (chunk,
+slab); a unit's mainloop reads k in order, so it needs slab j only j / S of its time after it starts
+(slab_need_us).
+
+Limits: every unit takes the same time (a wave of the model's GEMM time) and reads k at one rate; a
+chunk (slab) lands whole at once (the flag follows the data); the link runs at one rate with no
+contention, latency or per-copy cost.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from .configs import TileConfig
 from .plans import raster
 
 __all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "rotation", "row_shift",
-           "simulate", "unit_need_us", "unit_span"]
+           "simulate", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -102,6 +108,33 @@ def unit_need_us(units, tile: TileConfig, m: int, world: int, arrivals) -> list[
         if cm not in spans:
             first, last = unit_span(cm, tile, m, world)
             spans[cm] = max(arrivals[q] for q in range(first, last + 1))
+        out.append(spans[cm])
+    return out
+
+
+def slab_arrival_us(world: int, rank: int, m_local: int, k: int, itemsize: int, gbps: float, slabs: int) -> list[list[float]]:
+    """[chunk][slab]: when slab j of chunk q is in rank's gathered buffer, slabs sent slab-major
+    over the link (one slab is m_local x k / slabs elements); the own chunk at 0. One slab is
+    arrival_us."""
+    t_slab = m_local * k / slabs * itemsize / gbps * 1e-3
+    out = []
+    for q in range(world):
+        s = arrival_step(q, rank, world)
+        out.append([0.0 if s == 0 else (j * (world - 1) + s) * t_slab for j in range(slabs)])
+    return out
+
+
+def slab_need_us(units, tile: TileConfig, m: int, world: int, slab_arrivals, unit_us: float) -> list[float]:
+    """Per unit: the earliest start at which none of its k-slabs arrives after its mainloop reaches
+    it, max over slabs j of (latest arrival of slab j among its chunks - j / S of the unit's time);
+    simulate() takes it as the unit's need."""
+    slabs = len(slab_arrivals[0])
+    spans = {}
+    out = []
+    for cm, _ in units:
+        if cm not in spans:
+            first, last = unit_span(cm, tile, m, world)
+            spans[cm] = max(max(slab_arrivals[q][j] for q in range(first, last + 1)) - j * unit_us / slabs for j in range(slabs))
         out.append(spans[cm])
     return out
 

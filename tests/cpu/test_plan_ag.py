@@ -358,3 +358,66 @@ def test_bar_misses_are_current():
 
 if __name__ == "__main__":
     print(ratio_table())
+
+
+# --------------------------------------------------------------------------------------------
+# k-slabs (modelled ahead of the kernel: ag_order's K-slabs)
+
+SLAB_CHOICES = (1, 2, 4, 8, 16)
+# The best slab count of each bar miss on its worst rank, and the GEMM's end ratio with it. Slabs
+# let a unit start on a chunk's first k columns; they do not help where the last chunk's tiles are
+# more than one wave (flux_ag W=8 m=4096: the early chunks' last slabs land later than their whole
+# chunk would) or where the link is the bound (qkv W=8 m=8192).
+SLAB_BEST: dict[tuple[int, str, int], tuple[int, float]] = {
+    (4, "flux_ag", 1024): (16, 1.002),
+    (8, "flux_ag", 2048): (16, 1.005),
+    (8, "flux_ag", 4096): (1, 1.039),
+    (8, "llama70b_gate_up", 2048): (16, 1.002),
+    (4, "llama70b_qkv", 4096): (16, 1.057),
+    (8, "flux_ag", 1024): (16, 1.009),
+    (8, "llama70b_gate_up", 1024): (16, 1.007),
+    (2, "llama70b_qkv", 1024): (16, 1.011),
+    (4, "llama70b_qkv", 1024): (16, 1.027),
+    (4, "llama70b_qkv", 2048): (16, 1.034),
+    (8, "llama70b_qkv", 1024): (16, 1.048),
+    (8, "llama70b_qkv", 2048): (16, 1.062),
+    (8, "llama70b_qkv", 4096): (16, 1.050),
+    (8, "llama70b_qkv", 8192): (2, 1.310),
+}
+
+
+def _slab_worst(world: int, shape: str, m: int, slabs: int) -> float:
+    n, k = SHAPES[shape]
+    return max(_end_ratio(plan.predict_ag(world, m, -(-n // world // 64) * 64, k, rank=r, slabs=slabs)) for r in range(world))
+
+
+def test_one_slab_is_the_whole_chunk():
+    for world, rank in ((2, 1), (8, 3)):
+        assert ao.slab_arrival_us(world, rank, 96, 4096, 2, 370.0, 1) == [[t] for t in ao.arrival_us(world, rank, 96, 4096, 2, 370.0)]
+    for world, shape, m in ((4, "llama70b_qkv", 1024), (8, "flux_ag", 2048)):
+        n, k = SHAPES[shape]
+        nl = -(-n // world // 64) * 64
+        assert plan.predict_ag(world, m, nl, k, slabs=1) == plan.predict_ag(world, m, nl, k)
+
+
+def test_slab_arrivals_by_hand():
+    """W = 3, rank 0, 2 slabs of t = 1 us: peers' slab 0 at steps 1, 2, then slab 1 at 3, 4."""
+    t_slab = 1.0
+    k = int(370.0 * 1e3 * t_slab * 2 / (10 * 2))  # m_local 10 rows of 2-byte elements
+    arr = ao.slab_arrival_us(3, 0, 10, k, 2, 370.0, 2)
+    assert arr == [[0.0, 0.0], [pytest.approx(1.0), pytest.approx(3.0)], [pytest.approx(2.0), pytest.approx(4.0)]]
+
+
+def test_slabs_must_be_whole_k_blocks():
+    with pytest.raises(ValueError, match="whole 64-column k blocks"):
+        plan.predict_ag(2, 1024, 1024, 8192, slabs=3)
+    with pytest.raises(ValueError, match="whole 64-column k blocks"):
+        plan.predict_ag(2, 1024, 1024, 256, slabs=8)
+
+
+@pytest.mark.parametrize("point", sorted(SLAB_BEST))
+def test_k_slabs_on_the_bar_misses(point):
+    ratios = {s: _slab_worst(*point, s) for s in SLAB_CHOICES}
+    best = min(ratios, key=ratios.get)
+    assert (best, round(ratios[best], 3)) == SLAB_BEST[point], ratios
+    assert ratios[1] == pytest.approx(BAR_MISSES[point], abs=1e-3)
