@@ -36,7 +36,21 @@ ag_order.py's order and arrivals):
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
 Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
+--slabs S models chunks sent as k-slabs (tune/ag_order.py), a design the kernel does not run yet.
 Exit status 2 on bad arguments.
+
+    python -m rawflux.plan gemm_ar --world 8 --n 8192 --k 1024 [--ms 1,16,128,512] [--link-gbps 370]
+        [--hop-us 2.5] [--nccl-us 12] [--nccl-busbw 200] [--json]
+
+The decode GEMM + AllReduce (a design ahead of its kernel): out (m, n) = sum_q a_q @ b_q^T on every
+rank, k this rank's share. Per strategy, after the GEMM (tune.estimate_us of the plain pick; at
+decode one wave, so little of the communication overlaps it): one-shot, every rank pushes its
+16-bit partial of every tile to every peer and reduces all W in a fixed order ((W - 1) m n 2 bytes
+out of each rank, one flag hop); two-shot, each tile's partial goes to its owner, which reduces
+and pushes the result to every peer (2 (W - 1) / W m n 2 bytes, two hops); the baseline, cuBLAS
+then NCCL's all-reduce (a fixed latency plus 2 (W - 1) / W m n 2 bytes at its bus bandwidth). A
+rank's egress shares one port of --link-gbps; a hop is a flag's release to its acquire. Every
+constant is an estimate to be replaced by the H200's measurement.
 """
 from __future__ import annotations
 
@@ -399,6 +413,57 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
                         predicted / max(t_best, t_gather), slabs)
 
 
+# ------------------------------------------------------------------------------------------------
+# GEMM + AllReduce (decode): one-shot against two-shot against cuBLAS + NCCL
+
+AR_HOP_US = 2.5  # a flag released on one GPU, acquired on another (the device barrier: 2.9-3.1 us over NVLink, two hops)
+AR_NCCL_US = 12.0  # NCCL all-reduce's small-message time, an estimate until measured on the H200
+AR_NCCL_BUSBW = 200.0  # GB/s: NCCL's bus bandwidth (docs/decisions.md: 150-290 for AG / RS)
+
+
+@dataclass(frozen=True)
+class ArPoint:
+    m: int
+    t_gemm_us: float
+    one_shot_us: float
+    two_shot_us: float
+    nccl_us: float  # cuBLAS + NCCL all-reduce
+    pick: str  # "one_shot" or "two_shot"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def predict_ar(world: int, m: int, n: int, k: int, *, link_gbps: float = 370.0, hop_us: float = AR_HOP_US,
+               nccl_us: float = AR_NCCL_US, nccl_busbw: float = AR_NCCL_BUSBW, sms: int = H200_SMS) -> ArPoint:
+    """The decode GEMM + AllReduce model for one m (module docstring)."""
+    if world < 2:
+        raise ValueError(f"world={world}: an all-reduce needs at least 2 ranks")
+    if m < 1:
+        raise ValueError(f"m={m} must be positive")
+    _check_nk(n, k)
+    if min(link_gbps, nccl_busbw) <= 0 or min(hop_us, nccl_us) < 0:
+        raise ValueError("link and NCCL bandwidths must be positive, latencies not negative")
+    dev = h200(int(sms))
+    cfg = tune.heuristic(m, n, k, "nk", dev, 2)
+    t_gemm = tune.estimate_us(m, n, k, cfg, dev, 2)
+    out_bytes = m * n * 2
+    us = lambda nbytes, gbps: nbytes / gbps * 1e-3  # noqa: E731  bytes over GB/s, in us
+    reduce_us = lambda parts, share: (parts + 1) * out_bytes * share / dev.dram_bytes_per_s * 1e6  # noqa: E731
+    one = t_gemm + us((world - 1) * out_bytes, link_gbps) + hop_us + reduce_us(world, 1.0)
+    two = t_gemm + 2 * us((world - 1) * out_bytes / world, link_gbps) + 2 * hop_us + reduce_us(world, 1.0 / world)
+    nccl = t_gemm + nccl_us + us(2 * (world - 1) * out_bytes / world, nccl_busbw)
+    return ArPoint(m, t_gemm, one, two, nccl, "one_shot" if one <= two else "two_shot")
+
+
+def _report_ar(world: int, n: int, k: int, pts) -> str:
+    lines = [f"gemm_ar W={world} n={n} k={k} (this rank's k): us per call, the model's estimates",
+             f"{'m':>5s} {'GEMM':>8s} {'one-shot':>9s} {'two-shot':>9s} {'cuBLAS+NCCL':>12s}  pick"]
+    for p in pts:
+        lines.append(f"{p.m:5d} {p.t_gemm_us:8.1f} {p.one_shot_us:9.1f} {p.two_shot_us:9.1f} {p.nccl_us:12.1f}  {p.pick}")
+    return "\n".join(lines)
+
+
 def _ag_tile(tag: str) -> tune.TileConfig:
     """An AG-GEMM tile by its TileConfig tag, or by a GemmConfig tag of one (a k-split pair runs
     as its tile without the pair: fused_config)."""
@@ -502,9 +567,21 @@ def main(argv=None) -> int:
     g.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     g.add_argument("--slabs", type=int, default=1, help="model chunks sent as k-slabs (default 1: whole chunks, as the kernel runs)")
     g.add_argument("--json", action="store_true")
+    g = sub.add_parser("gemm_ar", help="decode GEMM + AllReduce: one-shot against two-shot against cuBLAS + NCCL (a model)")
+    g.add_argument("--world", type=int, required=True)
+    g.add_argument("--ms", default="1,2,4,8,16,32,64,128,256,512")
+    g.add_argument("--n", type=int, required=True)
+    g.add_argument("--k", type=int, required=True, help="this rank's k (the model's k / W)")
+    g.add_argument("--link-gbps", type=float, default=370.0)
+    g.add_argument("--hop-us", type=float, default=AR_HOP_US)
+    g.add_argument("--nccl-us", type=float, default=AR_NCCL_US)
+    g.add_argument("--nccl-busbw", type=float, default=AR_NCCL_BUSBW)
+    g.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.op == "ag_gemm":
         return _main_ag(a)
+    if a.op == "gemm_ar":
+        return _main_ar(a)
     sms = [int(s) for s in a.sms.split(",")]
     try:
         p = predict(a.world, a.m, a.n, a.k, tile=a.tile, link_gbps=a.link_gbps, delay=a.delay,
@@ -524,6 +601,18 @@ def _main_ag(a) -> int:
         print(f"rawflux.plan: {e}", file=sys.stderr)
         return 2
     print(json.dumps(p.to_json()) if a.json else _report_ag(p))
+    return 0
+
+
+def _main_ar(a) -> int:
+    try:
+        ms = [int(x) for x in a.ms.split(",") if x.strip()]
+        pts = [predict_ar(a.world, m, a.n, a.k, link_gbps=a.link_gbps, hop_us=a.hop_us, nccl_us=a.nccl_us, nccl_busbw=a.nccl_busbw)
+               for m in ms]
+    except ValueError as e:
+        print(f"rawflux.plan: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps([p.to_json() for p in pts]) if a.json else _report_ar(a.world, a.n, a.k, pts))
     return 0
 
 

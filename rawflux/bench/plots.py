@@ -205,6 +205,40 @@ def ag_link_figure(d: dict):
 
 
 # ------------------------------------------------------------------------------------------------
+# host time per call (benchmarks/host_cost.py)
+
+
+def host_cost_data(d: dict) -> dict:
+    """{(world, m): [(call, host_us, bar_us or None)]} of a host-cost file, calls in a fixed order
+    (torch.matmul, gemm, then each op's object and functional form)."""
+    out: dict = {}
+    for r in d["records"]:
+        out.setdefault((r["world"], r["m"]), []).append((f"{r['op']} {r['form']}", r["host_us"], r.get("bar_us")))
+    order = lambda c: (not c[0].startswith("torch"), not c[0].startswith("gemm "), c[0])  # noqa: E731
+    return {key: sorted(calls, key=order) for key, calls in sorted(out.items())}
+
+
+def host_cost_figure(d: dict):
+    """The host's time to queue one call, per call form: one subplot per (W, m), each bar marked
+    with its bar (dashes) where it has one."""
+    data = host_cost_data(d)
+    fig = _figure(figsize=(3.6 * max(1, len(data)), 3.8), layout="constrained")
+    axes = fig.subplots(1, max(1, len(data)), squeeze=False, sharey=True).ravel()
+    for ax, ((w, m), calls) in zip(axes, data.items()):
+        xs = range(len(calls))
+        ax.bar(xs, [us for _, us, _ in calls], color=["0.6" if b is None else "C0" if us <= b else "C3" for _, us, b in calls])
+        for x, (_, _, b) in zip(xs, calls):
+            if b is not None:
+                ax.hlines(b, x - 0.4, x + 0.4, colors="k", linestyles="--", lw=0.9)
+        ax.set_xticks(list(xs), [c for c, _, _ in calls], rotation=60, ha="right", fontsize=6)
+        ax.set_title(f"W = {w}, m = {m}", fontsize=9)
+    axes[0].set_ylabel("host us per call")
+    emu = " (W > 1: ranks sharing one GPU)" if any(r.get("emulated") for r in d["records"]) else ""
+    fig.suptitle(f"Host time per call{emu}; dashes: the bar", fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
 # GEMM-ReduceScatter's schedule (rawflux.plan's model)
 
 
@@ -301,11 +335,11 @@ def default_results_dir() -> Path:
 def performance_report(results_dir=None) -> list:
     """[(title, Figure)] for every result JSON in results_dir (default: the repo's
     benchmarks/results): the newest GEMM grid (one figure per dtype, bf16 first), the fusion tax,
-    then the bench runs (real multi-GPU runs first, emulated-node runs after, each its own figure)."""
+    the link emulator, the host's time per call, then the bench runs (real multi-GPU runs first, emulated-node runs after, each its own figure)."""
     from .report import SCHEMA
 
     results = Path(results_dir) if results_dir is not None else default_results_dir()
-    gemms, taxes, links, bench = [], [], [], []
+    gemms, taxes, links, hosts, bench = [], [], [], [], []
     for p in sorted(results.glob("*.json")):
         try:
             d = json.loads(p.read_text())
@@ -317,6 +351,8 @@ def performance_report(results_dir=None) -> list:
             taxes.append((p.name, d))
         elif d.get("kind") == "ag-link-emu":
             links.append((p.name, d))
+        elif d.get("kind") == "host-cost":
+            hosts.append((p.name, d))
         elif d.get("kind"):
             continue  # another benchmark's file
         elif d.get("schema") == SCHEMA:
@@ -335,6 +371,8 @@ def performance_report(results_dir=None) -> list:
             out.append((f"{TAX_TITLES.get(op, op)} fusion tax ({name})", fusion_tax_figure(d, op)))
     for name, d in links:
         out.append((f"AllGather-GEMM behind the link emulator ({name})", ag_link_figure(d)))
+    for name, d in hosts:
+        out.append((f"Host time per call ({name})", host_cost_figure(d)))
     figs = fused_figures(bench)
     out += [f for f in figs if not f[1].rawflux_emulated] + [f for f in figs if f[1].rawflux_emulated]
     return out

@@ -210,3 +210,20 @@ def test_bench_plot_writes_pngs_next_to_the_json(tmp_path):
     shutil.copy(src, tmp_path)
     pngs = plot_run(tmp_path / src.name)
     assert pngs and all(p.parent == tmp_path and p.suffix == ".png" and p.stat().st_size > 10_000 for p in pngs)
+
+
+def test_host_cost_figure_one_subplot_per_world_and_m(tmp_path):
+    recs = [dict(op=op, form=form, world=w, m=m, host_us=us + w + m / 100, bar_us=bar, emulated=w > 1)
+            for w in (1, 2) for m in (16, 128)
+            for op, form, us, bar in (("torch", "matmul", 14.0, None), ("gemm_rs", "object", 12.0, 15.0), ("ag_gemm", "object", 70.0, 15.0))]
+    d = {"kind": "host-cost", "records": recs}
+    data = plots.host_cost_data(d)
+    assert list(data) == [(1, 16), (1, 128), (2, 16), (2, 128)]
+    assert [c for c, _, _ in data[(2, 16)]] == ["torch matmul", "ag_gemm object", "gemm_rs object"]
+    fig = plots.host_cost_figure(d)
+    assert len(fig.axes) == 4 and "ranks sharing one GPU" in fig._suptitle.get_text()
+    bars = fig.axes[2].patches
+    assert [b.get_height() for b in bars] == pytest.approx([16.16, 72.16, 14.16])
+    assert bars[1].get_facecolor() != bars[2].get_facecolor()  # over its bar vs within it
+    (tmp_path / "host-cost.json").write_text(json.dumps(d))
+    assert [t for t, _ in plots.performance_report(tmp_path)] == ["Host time per call (host-cost.json)"]
