@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax hostcost mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -84,6 +84,10 @@ for stage in "$@"; do
         log rawflux.bench world $w ${REAL:+one rank per GPU}
         timeout ${BENCH_TIMEOUT:-400} python3 -m rawflux.launch $(ranks $w) -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1
       done ;;
+    hostcost)
+      # the host's time per call: world 1 in one process, then HOST_WORLD ranks (emulated node; REAL: GPUs)
+      log host_cost; timeout 120 python3 benchmarks/host_cost.py --json "$OUT/host-cost.json" 2>&1 | grep -a -E "host-cost|Error" || rc=1
+      timeout 200 python3 -m rawflux.launch $(ranks ${HOST_WORLD:-2}) python3 benchmarks/host_cost.py --json "$OUT/host-cost.json" 2>&1 | grep -a -E "host-cost|Error" || rc=1 ;;
     gemmbench)
       log benchmarks/gemm.py; timeout 420 python3 benchmarks/gemm.py ${GEMM_ARGS:-} --json "$OUT/gemm.json" 2>&1 | tail -60 || rc=1 ;;
     sanitize)
