@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax hostcost mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax hostcost soak mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -84,6 +84,9 @@ for stage in "$@"; do
         log rawflux.bench world $w ${REAL:+one rank per GPU}
         timeout ${BENCH_TIMEOUT:-400} python3 -m rawflux.launch $(ranks $w) -m rawflux.bench --op ${BENCH_OP:-all} ${BENCH_ARGS:---quick} --out-dir "$OUT" 2>&1 | tail -60 || rc=1
       done ;;
+    soak)
+      # 10,000 random-m calls per fused op and 1,000 graph replays at SOAK_WORLDS (QUICK: 1,000 / 100)
+      log soak; timeout ${SOAK_TIMEOUT:-1800} python3 tests/gpu/soak.py --worlds ${SOAK_WORLDS:-2,4,8} ${REAL:+--real} ${QUICK:+--calls 1000 --replays 100} 2>&1 | keep soak || rc=1 ;;
     hostcost)
       # the host's time per call: world 1 in one process, then HOST_WORLD ranks (emulated node; REAL: GPUs)
       log host_cost; timeout 120 python3 benchmarks/host_cost.py --json "$OUT/host-cost.json" 2>&1 | grep -a -E "host-cost|Error" || rc=1
