@@ -32,6 +32,9 @@ order, tests/cpu simulate it across ranks):
       programmatic dependent (PDL), so it starts only once every copy CTA is resident (hazard 1:
       a copy kernel on a side stream was seen to get no SM while the GEMMs spun, under MPS); the
       call-record check follows the GEMM. No side streams.
+The side streams read a_shard and are joined into s before the call returns, so a caching
+allocator (torch's) that reuses a_shard's memory for later work on s, or on its own stream after
+the caller's record_stream(s), sees the reads complete: nothing of the side streams outlives s.
 World 1: no communication; the call is rawflux.gemm on a_shard.
 
 The gathered A: ``return_gathered=True`` returns (out, gathered). Without ``gathered_out`` it is a
@@ -57,7 +60,7 @@ from dataclasses import dataclass, replace
 from .. import engine, env, tune
 from ..dist.layout import MAX_WORLD, OP_AG_GEMM
 from ..jit import register
-from ..runtime import (DType, Tensor, as_tensor, check_matrix, fastpath, check_out, intake_stream, new_output, resolve_stream,
+from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
 from ..tune.ag_order import chunk_span, rotation

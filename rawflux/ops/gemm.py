@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import engine, tune
 from ..engine import GemmPlan
-from ..runtime import DType, as_tensor, fastpath, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
+from ..runtime import DType, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream, wrap_output
 from ..tune import GemmConfig
 
 __all__ = ["gemm"]

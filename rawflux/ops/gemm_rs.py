@@ -38,7 +38,8 @@ from .. import engine, env, tune
 from ..dist.layout import OP_GEMM_RS
 from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
 from ..jit import register
-from ..runtime import DType, Tensor, as_tensor, fastpath, check_matrix, check_out, intake_stream, new_output, resolve_stream, wrap_output
+from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
+                       wrap_output)
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
 from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
