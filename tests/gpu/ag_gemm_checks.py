@@ -21,6 +21,8 @@ Every check runs for each gather path where it applies (direction push|pull x co
                   every call checked (out vs rawflux.gemm on the gathered view; gathered vs shards)
   graph[...]      one call captured in a CUDA graph, replayed 100 times with fresh data copied
                   into the same input buffer, every replay checked
+  torch_stream[...] torch tensors on a side torch stream; a_shard's memory reused right after each
+                  call (the side streams must have joined the caller's stream)
   timing          fused vs rawflux.gemm on pre-gathered A; world 1: ag_gemm must take <= 1.02x
                   rawflux.gemm at m >= 1024; world > 1: times are information, but a stall (a
                   block of 20 calls over STALL_S = 10 s), a timeout or an error fails
@@ -386,6 +388,44 @@ def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512)
     return not bad, detail or f"{replays} replays with fresh data, m/W={m_loc}, all bitwise right"
 
 
+def check_torch_stream(ctx: Ctx, direction, copy, calls=20, m_loc=192, n=256, k=512):
+    """torch tensors on a non-default torch stream, the op's side streams reading a_shard: right
+    after each call a_shard is dropped and its memory handed (by torch's caching allocator, on
+    the same stream) to a NaN-filled tensor. The side streams join the caller's stream before
+    the call returns, so every output must still be bitwise rawflux.gemm's on the gathered A."""
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not importable") from None
+    cp = _cp()
+    op = ctx.op(direction, copy, n, k, "nk", ctx.world * m_loc)
+    m = m_loc * ctx.world
+    dev = torch.device("cuda", ctx.group.device_id)
+    ts = torch.cuda.Stream(device=dev)
+    bad = []
+    b_cp = weight(ctx.next_seed(), ctx.rank, n, k, "nk")
+    with torch.cuda.stream(ts):
+        b = torch.from_dlpack(bits(b_cp)).view(torch.bfloat16)  # the same bits, a torch tensor
+        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+        for i in range(calls):
+            seed = ctx.next_seed()
+            a = torch.from_dlpack(bits(shard(seed, ctx.rank, m_loc, k))).view(torch.bfloat16).clone()  # allocated on ts
+            out.fill_(float("nan"))
+            op(a, b, out=out)
+            del a
+            junk = torch.full((m_loc, k), float("nan"), device=dev, dtype=torch.bfloat16)  # likely a_shard's block, on ts
+            ts.synchronize()
+            ref = ctx.gemm(full_a(seed, ctx.world, m_loc, k), b_cp, "nk", None, op.last_config)
+            ctx.stream.synchronize()
+            got = cp.from_dlpack(out.view(torch.int16)).view(cp.uint16)
+            if int(cp.count_nonzero(got != bits(ref))):
+                bad.append(i)
+            del junk
+    ctx.sync()
+    return not bad, (f"calls {bad[:5]} differ" if bad else f"{calls} calls with torch tensors on a side torch stream, a_shard's memory "
+                     "reused right after each: all bitwise right")
+
+
 def _paired_ms(stream, fa, fb, iters=20, reps=10, host_us_per_call=150.0, slowest: list | None = None):
     """(median ms of fa, median ms of fb, median of the per-rep ratio fa / fb). Each rep holds the
     stream with the benchmark's delay kernel while the host queues a block of one and a block of
@@ -637,6 +677,8 @@ def checks(ctx: Ctx):
     out.append(("random_calls", lambda x: check_random_calls(x, 200 if quick else 1000)))
     for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
         out.append((f"graph[{d}/{c}]", lambda x, d=d, c=c: check_graph(x, d, c, 20 if quick else 100)))
+    for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
+        out.append((f"torch_stream[{d}/{c}]", lambda x, d=d, c=c: check_torch_stream(x, d, c)))
     out.append(("timing", check_timing))
     return out
 
