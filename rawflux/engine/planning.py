@@ -152,6 +152,7 @@ class BoundGemm:
         self.block.write(_PARAMS_SLOT, plan.params)
         self.block.write(_PROLOGUE_SLOT, prologue_params)
         self._a = self._b = None
+        self._out = None  # (out, bias) pointers the epilogue's params were last written for
 
     def point(self, a_ptr: int, b_ptr: int) -> None:
         """A at a_ptr, B at b_ptr (pitches as bound)."""
@@ -163,6 +164,13 @@ class BoundGemm:
         if b_ptr != self._b:
             self.block.write(_B_SLOT, self.plan.b_map(b_ptr, self.ldb))
             self._b = b_ptr
+
+    def out_changed(self, out_ptr: int, bias_ptr: int) -> bool:
+        """True (once) when the epilogue's params must be rewritten for these out and bias pointers."""
+        if self._out == (out_ptr, bias_ptr):
+            return False
+        self._out = (out_ptr, bias_ptr)
+        return True
 
     def set_epilogue(self, raw: bytes, offset: int = 0) -> None:
         self.block.write(_EPILOGUE_SLOT, raw, offset)

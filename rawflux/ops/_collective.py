@@ -438,10 +438,8 @@ class CollectiveOp:
             if f.new_out is None or stream is not None:
                 return None
             out = f.new_out()
-        pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
-        if (pa | pb | pc) & 15 or pbias & 3 or not fastpath.apart(pc, f.out_span, (pa, pb, pbias), f.spans):
-            return None
-        return s, out, pa, pb, pc, pbias
+        ptrs = fastpath.pointers(fw, a, b, bias, out, f.out_span, f.spans)
+        return None if ptrs is None else (s, out, *ptrs)
 
     def fast_entry(self, key):
         """The fast-path entry of a call with metadata ``key`` (rawflux.runtime.fastpath), or None."""

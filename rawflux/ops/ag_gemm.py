@@ -356,8 +356,6 @@ class _Fast:
     spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
-    out_ptr: int = 0  # the epilogue's pointers as last written
-    bias_ptr: int = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -578,10 +576,9 @@ class AGGemm(CollectiveOp):
         s, out, pa, pb, pc, pbias = got
         with self._fast_lock:
             f.bound.point(self._gath.ptr if self.world > 1 else pa, pb)
-            if pc != f.out_ptr or pbias != f.bias_ptr:
+            if f.bound.out_changed(pc, pbias):
                 epilogue = engine.plain_epilogue(self.out_dtype)
                 f.bound.set_epilogue(engine.epilogue_params(epilogue, pc, f.m, self.n, f.ldc, self.out_dtype, pbias, f.bias_kind))
-                f.out_ptr, f.bias_ptr = pc, pbias
             self.calls += 1
             if self.world == 1:
                 f.bound.launch(s)

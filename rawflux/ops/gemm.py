@@ -63,15 +63,13 @@ class _Fast:
     bound: engine.BoundGemm  # the plan's launch with its own argument block
     ldc: int
     out_shape: tuple[int, int]
-    out_dtype: object  # the framework's dtype for a new output
-    plan_out_dtype: DType  # the same as rawflux's DType (C's tensor map)
+    plan_out_dtype: DType  # C's type (its tensor map)
     bias_kind: int
     epilogue: str  # the plan's epilogue policy (its params are rebuilt per output pointer)
     spans: tuple[int, int, int, int]  # bytes covered by a, b, out, bias
     stream: int  # the plan's split-K workspace belongs to this stream
+    new_out: object  # makes a new output like the validated call's (fastpath.allocator)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one thread patches and launches at a time
-    out_ptr: int = 0  # the epilogue's pointers as last written
-    bias_ptr: int = 0
 
 
 _fast: dict[tuple, _Fast] = {}
@@ -83,27 +81,17 @@ def _fast_call(fw, f: _Fast, a, b, bias, out):
     if stream != f.stream:
         return None  # another stream: the validated path makes a plan (and workspace) for it
     if out is None:
-        if fw == "torch":
-            import torch
-
-            out = torch.empty(f.out_shape, dtype=f.out_dtype, device=a.device)
-        else:
-            import cupy
-
-            with a.device:
-                out = cupy.empty(f.out_shape, dtype=f.out_dtype)
-    pa, pb, pc, pbias = fastpath.pointer(fw, a), fastpath.pointer(fw, b), fastpath.pointer(fw, out), fastpath.pointer(fw, bias)
-    if (pa | pb | pc) & 15 or pbias & 3:
-        return None  # a misaligned pointer: the validated path says which
+        out = f.new_out()
     sa, sb, sc, sbias = f.spans
-    if not fastpath.apart(pc, sc, (pa, pb, pbias), (sa, sb, sbias)):
-        return None  # out overlaps an input: the validated path raises
+    ptrs = fastpath.pointers(fw, a, b, bias, out, sc, (sa, sb, sbias))
+    if ptrs is None:
+        return None  # a misaligned pointer or out overlapping an input: the validated path says which
+    pa, pb, pc, pbias = ptrs
     with f.lock:
         f.bound.point(pa, pb)
-        if pc != f.out_ptr or pbias != f.bias_ptr:
+        if f.bound.out_changed(pc, pbias):
             m, n = f.out_shape
             f.bound.set_epilogue(engine.epilogue_params(f.epilogue, pc, m, n, f.ldc, f.plan_out_dtype, pbias, f.bias_kind))
-            f.out_ptr, f.bias_ptr = pc, pbias
         f.bound.launch(stream)
     return out
 
@@ -203,12 +191,7 @@ def _gemm_checked(a, b, *, b_layout, bias, out, out_dtype, stream, config, want_
     res = wrap_output(ta, tc, stream=s)
     entry = None
     if want_entry and ta.framework == tb.framework == tc.framework and ta.framework in ("torch", "cupy") and tc.wrap_to is None:
-        if ta.framework == "torch":
-            import torch
-
-            new_dtype = getattr(torch, od.torch_name)
-        else:
-            new_dtype = od.np
-        entry = _Fast(plan.bind(lda, ldb), ldc, (m, n), new_dtype, od, bias_kind, epilogue,
-                      (fastpath.span(ta), fastpath.span(tb), fastpath.span(tc), fastpath.span(tbias)), s)
+        entry = _Fast(plan.bind(lda, ldb), ldc, (m, n), od, bias_kind, epilogue,
+                      (fastpath.span(ta), fastpath.span(tb), fastpath.span(tc), fastpath.span(tbias)), s,
+                      fastpath.allocator(ta.framework, res, dev))
     return res, entry

@@ -240,8 +240,7 @@ class _Fast:
     the stream are checked again (rawflux.runtime.fastpath)."""
 
     stream: int
-    bound: engine.BoundGemm
-    rest: bytes  # the epilogue's Params past the out map, bias_kind set (world > 1)
+    bound: engine.BoundGemm  # world > 1: the epilogue's Params past the out map written (bias_kind set)
     m: int
     m_loc: int
     ldc: int
@@ -249,8 +248,6 @@ class _Fast:
     spans: tuple[int, int, int]  # bytes covered by a, b_shard, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
-    out_ptr: int = 0  # the epilogue's pointers as last written
-    bias_ptr: int = 0
 
 
 @dataclass(frozen=True)
@@ -549,9 +546,10 @@ class GemmRS(CollectiveOp):
             if c.bias_kind:
                 rest = rest[:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind) + rest[_BIAS_KIND_AT + 4:]
             bound = gplan.bind(lda, ldb)
+            bound.set_epilogue(rest, 128)  # everything past the out map: the out map and bias pointer follow per call
         spans = (fastpath.span(ta), fastpath.span(tb), c.bias_span)
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
-        return _Fast(s, bound, rest, m, m_loc, ldc, c.bias_kind, spans, fastpath.byte_span(m_loc, n, ldc, dt.itemsize), new_out)
+        return _Fast(s, bound, m, m_loc, ldc, c.bias_kind, spans, fastpath.byte_span(m_loc, n, ldc, dt.itemsize), new_out)
 
     def _fast_call(self, f: _Fast, a, b_shard, bias, out, stream):
         """Launch f for these arrays, or None where the validated path must look at the call."""
@@ -561,16 +559,13 @@ class GemmRS(CollectiveOp):
         s, out, pa, pb, pc, pbias = got
         with self._fast_lock:
             f.bound.point(pa, pb)
-            if pc != f.out_ptr or pbias != f.bias_ptr:
+            if f.bound.out_changed(pc, pbias):
                 if self.world == 1:
                     f.bound.set_epilogue(engine.epilogue_params(engine.plain_epilogue(self.dtype), pc, f.m, self.n, f.ldc, self.dtype,
                                                                 pbias, f.bias_kind))
                 else:
-                    if not f.out_ptr:
-                        f.bound.set_epilogue(f.rest, 128)  # once: everything past the out map
                     f.bound.set_epilogue(tensor_map(pc, self.dtype, f.m_loc, self.n, f.ldc, 64, 64))
                     f.bound.set_epilogue(struct.pack("<Q", pbias), 128 + _BIAS_AT)
-                f.out_ptr, f.bias_ptr = pc, pbias
             f.bound.launch(s)
             self.calls += 1
         return out

@@ -74,6 +74,15 @@ def current_stream(fw: str, device: int) -> int:
     return cupy.cuda.get_current_stream(device).ptr
 
 
+def pointers(fw: str, a, b, bias, out, out_span: int, spans) -> tuple[int, int, int, int] | None:
+    """(a, b, out, bias) pointers where the validated path's pointer checks would pass (16-byte
+    matrices, 4-byte bias, out overlapping none of the inputs of ``spans`` bytes), else None."""
+    pa, pb, pc, pbias = pointer(fw, a), pointer(fw, b), pointer(fw, out), pointer(fw, bias)
+    if (pa | pb | pc) & 15 or pbias & 3 or not apart(pc, out_span, (pa, pb, pbias), spans):
+        return None
+    return pa, pb, pc, pbias
+
+
 def byte_span(rows: int, cols: int, ld: int, itemsize: int) -> int:
     """Bytes from a row-major matrix's first element to one past its last."""
     return ((rows - 1) * ld + cols) * itemsize if rows and cols else 0

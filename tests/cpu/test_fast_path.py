@@ -232,3 +232,32 @@ def test_capture_needs_out(fake_device, monkeypatch):  # noqa: F811
     x = _args(world=2)
     with pytest.raises(ValueError, match="pass out="):
         op.capture(x["a"], x["b"], stream=S)
+
+
+def test_gemm_repeated_call_launches_what_the_validated_path_does(fake_device, monkeypatch):  # noqa: F811
+    """rawflux.gemm on CuPy arrays without stream=: the second call with the same metadata skips
+    the checks and launches the same bytes; new pointers rewrite the maps and the epilogue."""
+    from rawflux.ops import gemm as G
+
+    log, _ = fake_device
+    monkeypatch.setattr(fastpath, "current_stream", lambda fw, device: S)
+    monkeypatch.setattr(G, "resolve_stream", lambda stream, tensors: S)  # CuPy's current stream, as the fast path sees it
+    monkeypatch.setattr(G, "_fast", {})
+    checked = {"n": 0}
+    real = G._gemm_checked
+    monkeypatch.setattr(G, "_gemm_checked", lambda *a, **k: checked.__setitem__("n", checked["n"] + 1) or real(*a, **k))
+
+    def call(i, bias=None):
+        a, b, out = FakeCupy((256, 128), ptr=at(3 * i)), FakeCupy((512, 128), ptr=at(3 * i + 1)), FakeCupy((256, 512), ptr=at(3 * i + 2))
+        assert G.gemm(a, b, out=out, bias=bias) is out
+        return log[-1]
+
+    first = call(0)
+    assert call(0) == first and checked["n"] == 1
+    fast = call(1)
+    assert checked["n"] == 1 and fast != first
+    G._fast.clear()
+    assert call(1) == fast and checked["n"] == 2
+    overlapping = FakeCupy((256, 512), ptr=at(0) + 256)  # out over a: the validated path raises
+    with pytest.raises(ValueError, match="overlaps"):
+        G.gemm(FakeCupy((256, 128), ptr=at(0)), FakeCupy((512, 128), ptr=at(1)), out=overlapping)
