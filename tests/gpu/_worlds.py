@@ -1,6 +1,7 @@
 """The driver side shared by the GPU check scripts (dist_checks, ag_gemm_checks, gemm_rs_checks):
 run the script's --worker under rawflux-launch once per world size (the emulated node, or one
-rank per GPU), echo its result lines, and say which worlds failed."""
+rank per GPU), echo its result lines, and say which worlds failed; and what their workers share
+(preload_torch)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def preload_torch() -> None:
+    """Import torch (where installed) before any check runs: imported only after the fused-op
+    checks, torch's own import failed with a TorchScript parse error (cause not known)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
 
 
 def run_world(script: str, world: int, worker_args: list[str], *, real: bool, timeout_s: float,

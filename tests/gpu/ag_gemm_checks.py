@@ -684,10 +684,9 @@ def checks(ctx: Ctx):
 
 
 def worker(args) -> int:
-    try:  # torch first: imported after the fused-op checks had run, torch's own import failed (a
-        import torch  # noqa: F401  TorchScript parse error at world 1, 2026-11-29 and 2026-12-03)
-    except ImportError:
-        pass
+    from _worlds import preload_torch
+
+    preload_torch()
     from mpi4py import MPI
 
     import rawflux
