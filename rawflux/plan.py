@@ -31,8 +31,8 @@ ag_order.py's order and arrivals):
     unit starting once its cluster is free and the latest chunk its rows touch has landed;
   * chunk rank + s lands at s x T_chunk (m/W x k bytes over one link; push and pull alike), the own
     chunk at 0; T_gather = (W - 1) T_chunk;
-  * before the GEMM: the own rows' copy (read and write at DRAM rate) and LAUNCH_US for the barrier
-    and launch; predicted = that + the last cluster's end. T_gemm_best is the plain pick's own time
+  * before the GEMM: the own rows' copy (read and write at DRAM rate) and LAUNCH_US for the call's
+    start and the GEMM's launch (no barrier); predicted = that + the last cluster's end. T_gemm_best is the plain pick's own time
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
 Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
@@ -338,7 +338,7 @@ class AgPrediction:
     t_gemm_best_us: float
     t_gather_us: float
     copy_us: float  # own shard -> own rows of the gathered buffer
-    launch_us: float  # barrier + launch
+    launch_us: float  # the call's start + the GEMM's launch
     fixed_us: float
     gemm_end_us: float  # after the GEMM starts
     predicted_us: float
@@ -518,7 +518,7 @@ def _report_ag(p: AgPrediction) -> str:
     lines += [
         f"exposed wait {p.wait_us:.1f} us summed over the waves",
         f"T_gemm_fused {p.t_gemm_fused_us:.1f} us, T_gemm_best {p.t_gemm_best_us:.1f} us, T_gather {p.t_gather_us:.1f} us",
-        f"fixed {p.fixed_us:.1f} us (own rows {p.copy_us:.1f} us + barrier and launch {p.launch_us:.1f} us) "
+        f"fixed {p.fixed_us:.1f} us (own rows {p.copy_us:.1f} us + start and launch {p.launch_us:.1f} us) "
         f"+ GEMM end {p.gemm_end_us:.1f} us: predicted {p.predicted_us:.1f} us",
         f"predicted / max(T_gemm_fused, T_gather) = {p.ratio_fused:.3f}, predicted / max(T_gemm_best, T_gather) = {p.ratio_best:.3f}",
     ]

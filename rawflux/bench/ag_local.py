@@ -8,8 +8,9 @@ flags are released:
     just before the GEMM with the GEMM as its programmatic dependent, releases chunk (r + s) mod W's
     flag at s x chunk_bytes / G (the push schedule of ops/ag_gemm.py: one chunk at a time out of
     each rank, chunk r + 1 first), so the GEMM waits as it would behind a link of G GB/s. The own
-    rows are copied into the gathered buffer first, as a call does. Not modelled: the barrier and
-    call-record check (a few us), and the HBM writes the arriving chunks would make. The
+    rows are copied into the gathered buffer first, as a call's start (ag_local_kernel) does. Not
+    modelled: the peers' arrivals and the call-record check, and the HBM writes the arriving
+    chunks would make. The
     emulator's CTA takes one SM from the GEMM (131 of 132 on an H200), which the times include.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import engine
-from ..dist.layout import CTRL_EPOCH, MAX_WORLD
+from ..dist.layout import MAX_WORLD
 from ..jit import register
 from ..ops import ag_gemm as A
 from ..runtime import DType, as_tensor
@@ -30,7 +31,7 @@ from .rs_local import _alloc, _bare_op, _group_ctrl
 EMU_KERNEL_FILE = "link_emu.cu"
 EMU_KERNEL = "rawflux::link_emu_kernel"
 LINK_EMU_ARGS = struct.Struct("<QQQQii")  # LinkEmuArgs (kernels/link_emu.cu): ready, epoch, due_ns, chunk, count, pad
-EPOCH = 1  # every emulated call's epoch: its flags are zeroed before it, released to 1 by the emulator
+EPOCH = 1  # the op's epoch before the first call: every flag holds it (every chunk landed)
 
 register(EMU_KERNEL_FILE, EMU_KERNEL, archs=("sm_90a",))  # python -m rawflux.check_kernels compiles it
 
@@ -67,8 +68,8 @@ class AgLocal:
             raise ValueError(f"AgLocal: world {world}, rank {rank}")
         dt = DType.from_any(dtype)
         keep: list = []
-        ctrl, status, ctrl_buf = _group_ctrl(rank, world, timeout_s, keep)
-        op = _bare_op(A.AGGemm, rank, world, status, timeout_s, ctrl, ctrl_buf + CTRL_EPOCH)
+        ctrl, status, _ = _group_ctrl(rank, world, timeout_s, keep)
+        op = _bare_op(A.AGGemm, rank, world, status, timeout_s, ctrl)
         op.n, op.k, op.dtype, op.out_dtype, op.b_layout = int(n), int(k), dt, dt, "nk"
         op.direction, op.copy = "push", "ce"
         op.m_local_cap = int(max_m) // world
@@ -78,17 +79,22 @@ class AgLocal:
         op.sms = tune.device_info(0).sms
         op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
         op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
-        self._ready = _alloc(4 * MAX_WORLD, keep)
-        self._ready.view(np.uint32)[:] = EPOCH  # every chunk landed (the tax's state)
-        op._ready = SimpleNamespace(ptr=int(self._ready.data.ptr))
-        op._meta = SimpleNamespace(ptr=0)  # no call record: ag_local_kernel skips it
-        cupy.cuda.runtime.memcpy(op._epoch_ptr, np.array([EPOCH], dtype=np.uint32).ctypes.data, 4,
-                                 cupy.cuda.runtime.memcpyHostToDevice)
+        # The sync buffer: the epoch and every ready flag at EPOCH (every chunk landed: the tax's
+        # state). Every "peer" of the table is this buffer, so the call's start (ag_local_kernel)
+        # writes its record and arrivals where nobody reads them.
+        sync = _alloc(A.SYNC_BYTES, keep)
+        words = sync.view(np.uint32)
+        words[A.EPOCH_OFFSET // 4] = EPOCH
+        words[A.READY_OFFSET // 4:A.READY_OFFSET // 4 + MAX_WORLD] = EPOCH
+        self._ready_ptr = int(sync.data.ptr) + A.READY_OFFSET
+        table = cupy.asarray(np.full(world, int(sync.data.ptr), dtype=np.uint64))
+        keep.append(table)
+        op._sync = SimpleNamespace(ptr=int(sync.data.ptr), peer_table_ptr=int(table.data.ptr))
         self.op, self.status, self.world, self.rank, self._keep = op, status, world, rank, keep
         self._emu = op.kernel(EMU_KERNEL_FILE, EMU_KERNEL)
         op.kernel(A.KERNEL_FILE, A.LOCAL_KERNEL)
         self._due: dict[tuple, tuple] = {}
-        self._no_meta = A.META_FIELDS_STRUCT.pack(*([0] * 14))
+        self._record = A.CALL_RECORD.pack(*([0] * 16))
         cupy.cuda.Device(0).synchronize()
 
     @property
@@ -126,14 +132,14 @@ class AgLocal:
         ta = as_tensor(a_shard, "a_shard")
         if ta.shape != (m_loc, op.k):
             raise ValueError(f"AgLocal.link: a_shard is {tuple(ta.shape)}, not ({m_loc}, {op.k})")
-        op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._no_meta)
-        runtime.memsetAsync(int(self._ready.data.ptr), 0, 4 * W, stream)  # no peer chunk of this call has landed
+        op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._record, flags=0)  # the epoch, own rows
+        runtime.memsetAsync(self._ready_ptr, 0, 4 * W, stream)  # no peer chunk of this call has landed
         key = (m, float(gbps))
         if key not in self._due:
             arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps)
             self._due[key] = (cupy.asarray(np.array([round(t) for _, t in arr], dtype=np.uint64)),
                               cupy.asarray(np.array([q for q, _ in arr], dtype=np.int32)))
         due, chunk = self._due[key]
-        args = LINK_EMU_ARGS.pack(int(self._ready.data.ptr), op.epoch_ptr, int(due.data.ptr), int(chunk.data.ptr), len(due), 0)
+        args = LINK_EMU_ARGS.pack(self._ready_ptr, op.epoch_ptr, int(due.data.ptr), int(chunk.data.ptr), len(due), 0)
         engine.launch(self._emu, 1, 32, 1, 0, stream, (args,))
         self._gemm(stream, cfg or self.config(m, link=True), m, b, out, pdl=True)

@@ -98,14 +98,14 @@ class _FakeGroup:
         return self._status.record().state == 0
 
 
-def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int, epoch_ptr: int = 0):
+def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int):
     """An op object of ``cls`` whose CollectiveOp state is set by hand for a rank without a group
     (no buffers, no side streams); the caller sets the op's own state."""
     op = object.__new__(cls)
     op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
     op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
     op._fast, op._fast_lock = {}, threading.Lock()
-    op._group_ctrl, op._epoch_ptr = ctrl, epoch_ptr
+    op._group_ctrl = ctrl
     return op
 
 

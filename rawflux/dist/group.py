@@ -42,7 +42,7 @@ from .. import env
 from ..runtime.device import CudaUnavailable
 from . import topology
 from ._backend import cuda_backend
-from .layout import (CTRL_ABORT, CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATE_OK, STATUS_BYTES,
+from .layout import (CTRL_ABORT, describe_abort, CTRL_BYTES, CTRL_FLAGS, GROUP_CTRL_BYTES, STATE_CALL_MISMATCH, STATE_OK, STATUS_BYTES,
                      StatusRecord, decode_ctrl, pack_group_ctrl)
 from .symm import SymmetricBuffer, allocate, close_mappings, collective_try, free_local
 from .topology import CollectiveTimeout, DistError, MissingRanks
@@ -265,7 +265,7 @@ class Group:
             if self.ctrl is not None:
                 (abort,) = struct.unpack("<I", self._backend.memcpy_dtoh(self.ctrl.ptr + CTRL_ABORT, 4))
                 if abort:
-                    return f"rank {abort - 1} timed out in a collective and raised the group's abort flag"
+                    return describe_abort(abort)
         except Exception as e:  # noqa: BLE001 - a broken context: nothing collective can follow
             return f"this rank's device state cannot be read ({type(e).__name__}: {e})"
         return None

@@ -105,13 +105,19 @@ class StatusRecord:
                 f"peer is only slow"
             )
         if self.state == STATE_ABORTED:
-            src = f"rank {self.abort_from - 1}" if self.abort_from > 0 else "another rank"
             return (
-                f"rank {self.waiter} gave up waiting in {what}: {src} timed out in a collective and "
-                f"raised the group's abort flag{late_txt}. The group cannot be used any more: close it "
-                f"(rawflux.finalize()) and build a new one"
+                f"rank {self.waiter} gave up waiting in {what}: {describe_abort(self.abort_from)}{late_txt}. "
+                f"The group cannot be used any more: close it (rawflux.finalize()) and build a new one"
             )
         return f"unknown failure state {self.state} in {what} on rank {self.waiter}"
+
+
+def describe_abort(word: int) -> str:
+    """What an abort word says (comm/wait.cuh raise_abort): who gave up, and on whom when known."""
+    src, late = (word & 0xFFFF) - 1, (word >> 16) - 1
+    who = f"rank {src}" if src >= 0 else "another rank"
+    on = f" on rank {late}" if late >= 0 else ""
+    return f"{who} gave up{on} (a wait timed out or a call record differed) and raised the group's abort flag"
 
 
 def decode_ctrl(raw: bytes, world: int) -> dict:

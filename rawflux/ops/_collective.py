@@ -9,30 +9,20 @@
   * the per-call start (``begin``): ``raise_if_failed()`` (a previous call's device-side timeout
     or mismatch surfaces here), and with RAWFLUX_DEBUG=1 an MPI comparison of the call metadata
     that names the ranks that differ;
-  * the device-side call check (``publish_meta`` before the call's last barrier, ``check_meta``
-    after it): every rank's (op object, protocol, shape, dtype) record is compared on the device,
-    so a rank that calls with another shape, another op object, or not at all, makes the others
-    fail with a clear error (CallMismatch / CollectiveTimeout) instead of computing garbage;
-  * the barrier (``Group.barrier`` on the caller's stream; it also gives every call its epoch,
-    the device-resident value that flags carry: never a host value baked into a graph).
+  * the call record (``call_record``): the words each op's kernels push into every peer at a
+    call's start and compare there (comm/call_record.cuh), so a rank that calls with another
+    shape, another op object, or not at all, makes the others fail with a clear error
+    (CallMismatch / CollectiveTimeout) instead of computing garbage. Each op numbers its calls
+    with its own device-resident epoch (never a host value baked into a graph) and needs no
+    per-call barrier; ``barrier`` (Group.barrier on the caller's stream) is there for the
+    protocols that still do (ag_gemm's pull direction).
 
 ``OpCache`` backs the functional forms (``rawflux.ag_gemm(...)``): one op object per key, grown
 (collectively, under a bounded agreement) when a call needs more capacity.
 
-Contract between calls (DESIGN hazard 3): a call's side work joins the caller's stream before the
-op returns, and the next call of any collective op on the group starts with a barrier on the
-caller's stream. Ranks must therefore issue their calls in the same order, each on a stream that
-is ordered after the previous call (the same stream, or one synchronised with it).
-
-A call, in the order the ops issue it (s: the caller's stream):
-    op.begin(s, fields)              # checks, raise_if_failed, RAWFLUX_DEBUG comparison
-    op.publish_meta(s, fields)       # right before the call's last barrier
-    op.barrier(s)
-    side = op.fork(s)                # side streams start after the barrier
-    ... side work on side[i], main work (the GEMM) on s ...
-    op.check_meta(side[0])           # off the critical path
-    op.join(s)                       # before returning: capturable, and the next call's barrier
-                                     # then covers this call's side work
+Contract between calls: calls of one op object must be ordered on the device (the same stream,
+or streams joined by events), and every rank makes the same calls in the same order. A call's
+side work joins the caller's stream before the op returns.
 
 Device errors are sticky: once a wait timed out or a mismatch was found, the group is aborted
 (every later wait fails fast) and must be rebuilt (rawflux.finalize(); rawflux.init()).
@@ -50,20 +40,13 @@ import numpy as np
 
 from .. import env
 from ..dist import CallMismatch, CollectiveTimeout, DistError, register_failure_describer
-from ..dist.layout import CTRL_EPOCH, OP_NAMES, OP_NONE, STATE_CALL_MISMATCH, STATE_OK
-from ..jit import get_kernel, register
+from ..dist.layout import OP_NAMES, OP_NONE, STATE_CALL_MISMATCH, STATE_OK
+from ..jit import get_kernel
 from ..runtime import DType, fastpath
 
-META_WORDS = 16  # kMetaWords (fused/ag_meta.cuh)
+META_WORDS = 16  # kMetaWords (comm/call_record.cuh)
 META_FIELDS_MAX = META_WORDS - 2
 META_SLOT_BYTES = 4 * META_WORDS
-META_BYTES = 2 * META_SLOT_BYTES
-_META_SRC = "ag_meta.cu"
-_META_PUBLISH = "rawflux::meta_publish_kernel"
-_META_CHECK = "rawflux::meta_check_kernel"
-
-register(_META_SRC, _META_PUBLISH, archs=("sm_90a", "sm_80"))
-register(_META_SRC, _META_CHECK, archs=("sm_90a", "sm_80"))
 
 # Bound of the agreement that starts an op object's construction: ranks may reach it far apart
 # (loading weights, first compiles), so it is generous; still an error, never a hang.
@@ -76,6 +59,13 @@ DTYPE_CODE = {DType.BF16: 1, DType.F16: 2, DType.F32: 3, DType.E4M3: 4, DType.E5
 
 # op id -> (op name, names of the op-defined metadata fields), filled by CollectiveOp subclasses
 _FIELD_NAMES: dict[int, tuple[str, tuple[str, ...]]] = {}
+
+
+def call_record(op_id: int, fields: tuple[int, ...], tag: int = 0) -> tuple[int, ...]:
+    """The META_WORDS words of a call record: tag, op id, then the op-defined fields (at most 14)."""
+    if len(fields) > META_FIELDS_MAX:
+        raise ValueError(f"{len(fields)} record fields; at most {META_FIELDS_MAX}")
+    return (tag, int(op_id)) + tuple(int(x) & 0xFFFFFFFF for x in fields) + (0,) * (META_FIELDS_MAX - len(fields))
 
 
 def describe_failure(rec) -> CollectiveTimeout:
@@ -181,7 +171,6 @@ class CollectiveOp:
         self._streams: list[int] = []
         self._fork_event = 0
         self._join_events: list[int] = []
-        self._meta = None
         self._kernels: dict[str, object] = {}
         self.calls = 0  # calls made on this rank (host count, for messages and tests)
         self._fast: dict[tuple, object] = {}  # validated calls' launches by call metadata (fast_entry)
@@ -196,11 +185,8 @@ class CollectiveOp:
                 raise CallMismatch(f"ranks build different op objects ({listing}): every rank must build the same op "
                                    f"objects in the same order; {REBUILD}")
             self._group_ctrl = g.group_ctrl_ptr  # raises a clear DistError when the group has no P2P
-            self._epoch_ptr = g.ctrl.ptr + CTRL_EPOCH
-            self._meta = self.symmetric(META_BYTES, "meta")
         else:
             self._group_ctrl = 0
-            self._epoch_ptr = 0
         self._make_streams(side_streams if self.world > 1 else 0)
 
     # --- resources ------------------------------------------------------------------------------
@@ -238,12 +224,6 @@ class CollectiveOp:
     @property
     def side_streams(self) -> list[int]:
         return list(self._streams)
-
-    @property
-    def epoch_ptr(self) -> int:
-        """Device address of this rank's barrier epoch word: after the call's barrier it holds the
-        call's epoch. Flags are set by copying this word (copy engine) or from kernels reading it."""
-        return self._epoch_ptr
 
     @property
     def group_ctrl_ptr(self) -> int:
@@ -546,29 +526,10 @@ class CollectiveOp:
             runtime.eventRecord(ev, s)
             runtime.streamWaitEvent(int(stream), ev, 0)
 
-    def meta_fields(self, fields: tuple[int, ...]) -> bytes:
-        if len(fields) > META_FIELDS_MAX:
-            raise ValueError(f"{len(fields)} metadata fields; at most {META_FIELDS_MAX}")
-        words = [int(x) & 0xFFFFFFFF for x in fields] + [0] * (META_FIELDS_MAX - len(fields))
-        return struct.pack(f"<{META_FIELDS_MAX}I", *words)
-
-    def publish_meta(self, stream: int, fields: tuple[int, ...], ahead: int = 1) -> None:
-        """Before the call's last barrier (``ahead`` barriers still to come, normally 1): write
-        this rank's record of the call, tagged with the epoch that barrier will reach."""
-        k = self.kernel(_META_SRC, _META_PUBLISH)
-        k.launch_ex((1, 1, 1), (32, 1, 1), (np.uint64(self._group_ctrl), np.uint64(self._meta.ptr), np.uint32(self.OP_ID),
-                                            self.meta_fields(fields), np.uint32(ahead)), stream=int(stream))
-
-    def check_meta(self, stream: int) -> None:
-        """After the call's last barrier: compare every peer's record with this rank's (device)."""
-        k = self.kernel(_META_SRC, _META_CHECK)
-        k.launch((1, 1, 1), (64, 1, 1), (np.uint64(self._group_ctrl), np.uint64(self._meta.peer_table_ptr),
-                                         np.uint32(self.OP_ID)), stream=int(stream))
-
-    def prepare_meta_kernels(self) -> None:
-        if self.world > 1:
-            self.kernel(_META_SRC, _META_PUBLISH)
-            self.kernel(_META_SRC, _META_CHECK)
+    def call_record(self, fields: tuple[int, ...]) -> bytes:
+        """The META_WORDS u32 words of this op's call record (comm/call_record.cuh), packed: word 0
+        (the tag: the epoch, filled in on the device), the op id, then the call's fields."""
+        return struct.pack(f"<{META_WORDS}I", *call_record(self.OP_ID, fields))
 
     # --- teardown -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -816,6 +777,6 @@ def _round_up(x: int, to: int) -> int:
 
 
 __all__ = [
-    "CallMismatch", "CollectiveOp", "DTYPE_CODE", "META_FIELDS_MAX", "OpCache", "STATE_CALL_MISMATCH",
+    "CallMismatch", "CollectiveOp", "DTYPE_CODE", "call_record", "META_FIELDS_MAX", "OpCache", "STATE_CALL_MISMATCH",
     "bounded_allgather", "check_capacity", "check_divisible", "describe_failure", "is_capturing", "resolve_group",
 ]

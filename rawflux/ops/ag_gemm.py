@@ -12,26 +12,35 @@ Two levels:
   ag_gemm(a_shard, b, group=None, ...)   the functional form: a cache of op objects keyed by
       (group, n, k, dtype, layout, direction, copy), grown (collectively) when m exceeds them.
 
-How a call runs (rank r, caller's stream s; the hazards of docs/ARCHITECTURE.md; ``schedule()`` is the exact
-order, tests/cpu simulate it across ranks):
-  push (default): [s] own shard -> own rows of the gathered buffer + call record (one kernel),
-      barrier; [s] the GEMM, whose TMA producer waits (bounded, ld.acquire.sys) only for the
-      chunks a tile's rows touch, chunk-major: row segments r, r+1, ... (own rows first, then in
-      arrival order), its raster groups never spanning two chunks (fused_config), a row shared
-      with chunk r-1 last (rotation); [side
-      streams] for q = r-1, r-2, ...: copy the shard into rank q's rows [r*m/W, (r+1)*m/W) (a
-      permutation per step: no two ranks write one peer at once; so chunk r+1 reaches rank r
-      first), then set q's ready[r] to the call's epoch; [side 0] the call-record check; join.
-  pull: [s] barrier, own rows + record, barrier (peers' own rows are in place and no peer still
-      reads the previous call's); GEMM; [side] for q = r+1, r+2, ...: copy rank q's rows of its
-      buffer into the same rows of this rank's, then set this rank's ready[q]; check; join.
-  copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM); the flag is
-      a 4-byte copy of the device-resident epoch word (so CUDA-graph replays stay right).
+How a call runs (rank r, caller's stream s; the hazards of docs/ARCHITECTURE.md; ``schedule()`` is
+the exact order, tests/cpu simulate it across ranks). No per-call barrier (push): each op object
+numbers its calls on the device (its epoch e) and every flag carries e.
+  push (default): [s] ag_local_kernel: e = epoch + 1; this rank's call record into every peer;
+      arrive[r] = e at every peer (this rank's GEMM of call e - 1 has ended: stream order); own
+      shard -> own rows of the gathered buffer. Then the GEMM, whose TMA producer waits (bounded,
+      ld.acquire.sys) only for the chunks a tile's rows touch, chunk-major: row segments r, r+1,
+      ... (own rows first, then in arrival order), its raster groups never spanning two chunks
+      (fused_config), a row shared with chunk r-1 last (rotation). The copies: for q = r-1, r-2,
+      ...: once q has arrived at call e (its GEMM of e - 1, the last reader of its buffer, has
+      ended), copy the shard into q's rows [r*m/W, (r+1)*m/W) (a permutation per step: no two
+      ranks write one peer at once; chunk r+1 reaches rank r first), then set q's ready[r] = e.
+      Every peer's record is compared with this rank's (CallMismatch), off the GEMM's path.
+  pull: [s] group barrier (no peer still reads this rank's own rows of call e - 1); ag_local_kernel
+      (as above, announcing the call once the own rows are in place); the copies read rank q's
+      own rows of its buffer (q = r+1, r+2, ...) once q has arrived, into the same rows of this
+      rank's, then set this rank's ready[q].
+  copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM) on side streams
+      forked after ag_local_kernel, whose last CTA first waits for every peer's arrival (the copies
+      cannot wait themselves); a flag is a 4-byte copy of the device-resident epoch word (so
+      CUDA-graph replays stay right); the record comparison (ag_check_kernel) runs on side 0.
   copy path "sm": one copy kernel of R CTAs (RAWFLUX_AG_COPY_SMS, default min(16, SMs/4)) does
-      the same chunk loop, on the caller's stream; the GEMM, on SMs - R CTAs, follows it as its
-      programmatic dependent (PDL), so it starts only once every copy CTA is resident (hazard 1:
-      a copy kernel on a side stream was seen to get no SM while the GEMMs spun, under MPS); the
-      call-record check follows the GEMM. No side streams.
+      the same chunk loop, each chunk once its peer has arrived, and compares the records at its
+      end; the GEMM, on SMs - R CTAs, follows it as its programmatic dependent (PDL), so it starts
+      only once every copy CTA is resident (hazard 1: a copy kernel on a side stream was seen to
+      get no SM while the GEMMs spun, under MPS). Three launches a call, no side streams.
+Why one gathered buffer suffices: a rank writes a peer's rows of call e only after that peer
+arrived at call e, i.e. after the peer's GEMM of e - 1 ended (tests/cpu/test_ag_protocol.py, the
+gated one-slot variant); its own rows only after its own GEMM of e - 1 ended (stream order).
 The side streams read a_shard and are joined into s before the call returns, so a caching
 allocator (torch's) that reuses a_shard's memory for later work on s, or on its own stream after
 the caller's record_stream(s), sees the reads complete: nothing of the side streams outlives s.
@@ -49,7 +58,8 @@ another op object, or not at all makes the others fail within RAWFLUX_WAIT_TIMEO
 bounded waits and a device-side comparison of the call records; the functional form's bounded
 agreement when it grows); the error (CollectiveTimeout or its subclass CallMismatch, naming the
 ranks and the field) is raised at the next call's start or by ``op.synchronize()`` /
-``Group.synchronize()``.
+``Group.synchronize()``. Calls of one op object must be ordered on the device (one stream, or
+streams joined by events).
 """
 from __future__ import annotations
 
@@ -75,6 +85,7 @@ PROLOGUE = "rawflux::AgWait"
 SCHED = engine.FUSED_SCHED
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
+CHECK_KERNEL = "rawflux::ag_check_kernel"
 LOCAL_THREADS = 256
 COPY_THREADS = 512
 DTYPES = (DType.BF16, DType.F16)
@@ -84,15 +95,23 @@ B_LAYOUTS = ("nk", "kn")
 
 # Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
 # them against the CUDA structs with NVRTC static_asserts.
-AG_WAIT_PARAMS = struct.Struct("<QQiiii")  # AgWait::Params: group_ctrl, ready, m_local, rank, world, pad
-AG_LOCAL_ARGS = struct.Struct("<QQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, meta, src_pitch, m_local, row_vecs, op, ahead
-AG_COPY_ARGS = struct.Struct("<QQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, ready_peers, counters, src_pitch, m_local, row_vecs, mode, pad
-META_FIELDS_STRUCT = struct.Struct("<14I")  # MetaFields (fused/ag_meta.cuh)
+AG_WAIT_PARAMS = struct.Struct("<QQQiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, pad
+AG_LOCAL_ARGS = struct.Struct("<QQQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, pad
+AG_COPY_ARGS = struct.Struct("<QQQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, sync, sync_peers, counters, src_pitch, m_local, row_vecs, mode, pad
+CALL_RECORD = struct.Struct("<16I")  # CallRecord (comm/call_record.cuh)
+LOCAL_ARRIVE_LATE, LOCAL_GATE = 1, 2  # kAgArriveLate, kAgGate
+
+# The op's sync buffer (fused/ag_gemm.cuh kAg*Offset; tests/cpu checks them against the CUDA enums).
+EPOCH_OFFSET, LOCAL_DONE_OFFSET, ARRIVE_OFFSET = 0, 64, 128
+READY_OFFSET = ARRIVE_OFFSET + 4 * MAX_WORLD
+RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD
+SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * 64
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
 engine.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES)
 register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
+register(KERNEL_FILE, CHECK_KERNEL, archs=("sm_90a",))
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,8 +169,10 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
 @dataclass(frozen=True)
 class Step:
     """One action of a call, in issue order. kind:
-      local     own shard -> own gathered rows + call record (main stream)
-      barrier   group barrier (main stream)
+      local     ag_local_kernel (main stream): the epoch, the call record into every peer, the
+                arrival, own shard -> own gathered rows; on "ce" its last CTA waits for every
+                peer's arrival (``gate``)
+      barrier   group barrier (main stream; pull only)
       fork      side streams start after the main stream's work so far
       copy      copy engine, on side stream ``side``: chunk ``chunk`` from ``src`` ("shard": this
                 rank's input; or rank ``src_rank``'s gathered buffer) into rank ``dst_rank``'s
@@ -160,7 +181,8 @@ class Step:
       gemm      the GEMM with the wait prologue (main stream); on the "sm" path launched as the
                 copy kernel's programmatic dependent (it starts once every copy CTA runs)
       sm_copy   the copy kernel, on the main stream (it runs the same loop on SMs)
-      check     call-record check: on side stream 0 ("ce"), after the GEMM on the main stream ("sm")
+      check     the peers' call records compared with this rank's, on side stream 0 ("ce"; the
+                "sm" path's copy kernel compares them at its end)
       join      the main stream waits for every side stream ("ce" only)
     """
 
@@ -176,30 +198,26 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
     """The ordered actions of one call on ``rank`` (world > 1)."""
     if direction not in DIRECTIONS or copy not in COPIES:
         raise ValueError(f"direction {direction!r} / copy {copy!r}")
-    steps: list[Step] = []
-    if direction == "push":
-        steps += [Step("local"), Step("barrier")]
-    else:
-        steps += [Step("barrier"), Step("local"), Step("barrier")]
+    steps: list[Step] = [Step("barrier")] if direction == "pull" else []
+    steps.append(Step("local"))
     # Producers are queued before the GEMM that waits on them. Streams may share one hardware
     # queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron sets it, or few connections under MPS):
     # a spinning GEMM queued first would then hold back the copies it waits for, forever.
     if copy == "sm":
         # One stream: the GEMM is the copy kernel's programmatic dependent, so it starts only
         # once every copy CTA is resident (a side stream's kernel may get no SM while GEMMs spin).
-        return steps + [Step("sm_copy"), Step("gemm"), Step("check")]
+        return steps + [Step("sm_copy"), Step("gemm")]
     steps += [Step("fork")]
-    if copy == "ce":
-        if direction == "push":
-            for i, q in enumerate(push_targets(rank, world)):
-                side = i % sides
-                steps.append(Step("copy", side, "shard", rank, q, rank))
-                steps.append(Step("flag", side, dst_rank=q, chunk=rank))
-        else:
-            for i, q in enumerate(pull_sources(rank, world)):
-                side = i % sides
-                steps.append(Step("copy", side, "gathered", q, rank, q))
-                steps.append(Step("flag", side, dst_rank=rank, chunk=q))
+    if direction == "push":
+        for i, q in enumerate(push_targets(rank, world)):
+            side = i % sides
+            steps.append(Step("copy", side, "shard", rank, q, rank))
+            steps.append(Step("flag", side, dst_rank=q, chunk=rank))
+    else:
+        for i, q in enumerate(pull_sources(rank, world)):
+            side = i % sides
+            steps.append(Step("copy", side, "gathered", q, rank, q))
+            steps.append(Step("flag", side, dst_rank=rank, chunk=q))
     steps += [Step("gemm"), Step("check", 0), Step("join")]
     return steps
 
@@ -352,7 +370,7 @@ class _Fast:
     ldc: int
     src_pitch: int  # a_shard's row pitch in bytes
     bias_kind: int
-    meta: bytes  # the call record's fields, packed
+    meta: bytes  # the call record, packed (CALL_RECORD)
     spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
@@ -426,11 +444,12 @@ class AGGemm(CollectiveOp):
             self.reserved_sms = max(2, min(8, self.sms // 8))
         elif copy == "ce" and world > 1 and direction == "pull":
             self.reserved_sms = 1  # the 4-byte flag copies run one small kernel at a time
-        self._gath = self._ready = None
+        self._gath = self._sync = None
         self._counters = None
+        self._schedule: tuple[Step, ...] | None = None  # schedule() of this op's calls, made at the first
         if world > 1:
             self._gath = self.symmetric(self.max_m * self.row_bytes, "gathered")
-            self._ready = self.symmetric(4 * MAX_WORLD, "ready")
+            self._sync = self.symmetric(SYNC_BYTES, "sync")  # epoch, arrivals, ready flags, call records
             import cupy
 
             with self._device():
@@ -440,12 +459,16 @@ class AGGemm(CollectiveOp):
                 cupy.cuda.Device(self.device_id).synchronize()
             # Load every small kernel now: never compile or load inside a graph capture.
             self.kernel(KERNEL_FILE, LOCAL_KERNEL)
-            if copy == "sm":
-                self.kernel(KERNEL_FILE, COPY_KERNEL)
-            self.prepare_meta_kernels()
+            self.kernel(KERNEL_FILE, COPY_KERNEL if copy == "sm" else CHECK_KERNEL)
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     # --- sizes ----------------------------------------------------------------------------------
+    @property
+    def epoch_ptr(self) -> int:
+        """Device address of this op's epoch word (its calls so far on this rank; during a call,
+        after ag_local_kernel, that call's number): the flags' value."""
+        return self._sync.ptr + EPOCH_OFFSET
+
     @property
     def capacity(self) -> int:
         """The largest m a call may use."""
@@ -563,7 +586,7 @@ class AGGemm(CollectiveOp):
         else:
             plan, pro = self._gemm_plan(s, self.last_config, m_loc)
             bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
-            meta = self.meta_fields(self._fields(m_loc))
+            meta = self.call_record(self._fields(m_loc))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
         return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, spans, fastpath.byte_span(m, n, ldc, od.itemsize), new_out)
@@ -647,20 +670,22 @@ class AGGemm(CollectiveOp):
     def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
         gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
-        self._steps(s, ta.ptr, src_pitch, m_loc, self.meta_fields(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"))
+        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"))
 
-    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, meta: bytes, launch_gemm) -> None:
-        """The call's schedule: the local chunk, the copies and flags, the GEMM (launch_gemm()), the check."""
+    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm) -> None:
+        """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check."""
         from cupy.cuda import runtime
 
         rank, world = self.rank, self.world
         chunk = self.chunk_bytes(m_loc)
-        gath, ready = self._gath, self._ready
+        gath, sync = self._gath, self._sync
         sides: list[int] = []
-        for st in schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))):
+        if self._schedule is None:
+            self._schedule = tuple(schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))))
+        for st in self._schedule:
             kind = st.kind
             if kind == "local":
-                self._launch_local(s, a_ptr, src_pitch, m_loc, meta)
+                self._launch_local(s, a_ptr, src_pitch, m_loc, record)
             elif kind == "barrier":
                 self.barrier(s)
             elif kind == "fork":
@@ -676,34 +701,39 @@ class AGGemm(CollectiveOp):
             elif kind == "flag":
                 # The flag = this call's epoch, copied from device memory after the data copy on
                 # the same stream (stream order: the data is complete before the flag lands).
-                runtime.memcpyAsync(ready.peer_ptrs[st.dst_rank] + 4 * st.chunk, self.epoch_ptr, 4, runtime.memcpyDefault,
-                                    sides[st.side])
+                runtime.memcpyAsync(sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * st.chunk, self.epoch_ptr, 4,
+                                    runtime.memcpyDefault, sides[st.side])
             elif kind == "sm_copy":
                 self._launch_copy(s, a_ptr, src_pitch, m_loc)
             elif kind == "gemm":
                 launch_gemm()
             elif kind == "check":
-                self.check_meta(sides[0] if sides else s)
+                self._launch_check(sides[0])
             elif kind == "join":
                 self.join(s)
             else:  # pragma: no cover - schedule() only makes the kinds above
                 raise AssertionError(kind)
 
     # --- launches ---------------------------------------------------------------------------------
-    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, meta: bytes) -> None:
+    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, record: bytes, flags: int | None = None) -> None:
         row_vecs = self.row_bytes // 16
         vecs = m_loc * row_vecs
         grid = max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
-        args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._meta.ptr, src_pitch, m_loc, row_vecs, self.OP_ID, 1)
+        if flags is None:
+            flags = (LOCAL_ARRIVE_LATE if self.direction == "pull" else 0) | (LOCAL_GATE if self.copy == "ce" else 0)
+        args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc, row_vecs,
+                                  flags, 0)
         # the engine's lean path (launch config cached, one argument block per thread)
-        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, meta))
+        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, record))
 
     def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int) -> None:
-        args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._ready.peer_table_ptr,
-                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16,
-                                 DIRECTIONS[self.direction], 0)
+        args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,
+                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], 0)
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
+
+    def _launch_check(self, s: int) -> None:
+        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, (struct.pack("<QQ", self.group_ctrl_ptr, self._sync.ptr),))
 
     def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
@@ -721,7 +751,7 @@ class AGGemm(CollectiveOp):
         stream s. The engine's pipeline waits trap when they expire: they get longer than any
         flag wait, so a late peer surfaces as the flag wait's clear error."""
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
-        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._ready.ptr, m_loc, self.rank, self.world, 0)
+        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world, 0)
         seg_count, seg_start = rotation(m, self.world, self.rank, cfg.tile)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
                            stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),

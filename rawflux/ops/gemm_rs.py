@@ -42,7 +42,7 @@ from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpa
                        wrap_output)
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, call_record as _call_record, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
@@ -96,9 +96,9 @@ def slot_row(parity: int, world: int, src: int, slot_rows: int, row: int, n: int
 
 
 def call_record(fields: tuple[int, ...], tag: int = 0) -> tuple[int, ...]:
-    """The META_WORDS u32 words of a call record (fused/rs_layout.cuh): tag (the epoch, filled in on
-    the device), the op id, then the call's fields."""
-    return (tag, OP_GEMM_RS) + tuple(fields) + (0,) * (META_WORDS - 2 - len(fields))
+    """The META_WORDS u32 words of a call record (comm/call_record.cuh): tag (the epoch, filled in
+    on the device), the op id, then the call's fields."""
+    return _call_record(OP_GEMM_RS, fields, tag)
 
 
 def sync_bytes(world: int, tiles_cap: int) -> int:

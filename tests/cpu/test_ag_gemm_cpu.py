@@ -61,23 +61,22 @@ def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
     gath = [np.full((world * m_local, k), np.nan) for _ in range(world)]
     ready = [np.zeros(world, dtype=np.int64) for _ in range(world)]
     epoch = 7
-    # phase 1: everything before the last barrier (local copies); phase 2: side work
+    # phase 1: the call's start on every rank (pull: after a barrier): own rows, the arrival;
+    # phase 2: the copies, each of which needs its peer's arrival (all arrived after phase 1)
     queues = []
     for r in range(world):
         steps = A.schedule(direction, copy, r, world, sides)
         kinds = [s.kind for s in steps]
-        last_barrier = max(i for i, kd in enumerate(kinds) if kd == "barrier")
-        assert "local" in kinds[:last_barrier], "own rows and the call record must precede the last barrier"
-        if direction == "pull":
-            assert kinds[:3] == ["barrier", "local", "barrier"]
-        for st in steps[:last_barrier]:
-            if st.kind == "local":
-                gath[r][r * m_local:(r + 1) * m_local] = shards[r]
-        after = steps[last_barrier + 1:]
+        start = kinds.index("local")
+        assert kinds[:start + 1] == (["barrier", "local"] if direction == "pull" else ["local"]), kinds
+        assert kinds.count("barrier") == (direction == "pull")  # push needs none
+        gath[r][r * m_local:(r + 1) * m_local] = shards[r]
+        after = steps[start + 1:]
         if copy == "ce":
             assert after[0].kind == "fork" and after[-1].kind == "join" and after[-2].kind == "check"
-        else:  # one stream: copy kernel, then the GEMM as its programmatic dependent, then the check
-            assert [st.kind for st in after] == ["sm_copy", "gemm", "check"]
+            assert after[-2].side == 0 and [st.kind for st in after].index("gemm") == len(after) - 3
+        else:  # one stream: the copy kernel (which compares the records), then the GEMM as its programmatic dependent
+            assert [st.kind for st in after] == ["sm_copy", "gemm"]
         work = [s for s in after if s.kind in ("copy", "flag", "sm_copy")]
         if any(s.kind == "sm_copy" for s in work):
             work = A.sm_copy_steps(direction, r, world)
@@ -202,13 +201,18 @@ def _layout_asserts() -> str:
                 lines.append(f'static_assert(__builtin_offsetof({struct_name}, {name}) == {off}, "{struct_name}.{name}");')
             off += {"Q": 8, "q": 8, "i": 4, "I": 4}[code]
 
-    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "m_local", "rank", "world", "pad"))
-    fields("AgLocalArgs", A.AG_LOCAL_ARGS, ("group_ctrl", "src", "dst", "meta", "src_pitch", "m_local", "row_vecs", "op", "ahead"))
+    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "pad"))
+    fields("AgLocalArgs", A.AG_LOCAL_ARGS,
+           ("group_ctrl", "src", "dst", "sync", "sync_peers", "src_pitch", "m_local", "row_vecs", "flags", "pad"))
     fields("AgCopyArgs", A.AG_COPY_ARGS,
-           ("group_ctrl", "src", "gath_peers", "ready_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "pad"))
+           ("group_ctrl", "src", "gath_peers", "sync", "sync_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "pad"))
     lines += [
-        f'static_assert(sizeof(MetaFields) == {A.META_FIELDS_STRUCT.size}, "MetaFields");',
+        f'static_assert(sizeof(CallRecord) == {A.CALL_RECORD.size}, "CallRecord");',
         f'static_assert(kMetaWords == {C.META_WORDS} && kMetaSlotBytes == {C.META_SLOT_BYTES}, "meta words");',
+        f'static_assert(kAgEpochOffset == {A.EPOCH_OFFSET} && kAgLocalDoneOffset == {A.LOCAL_DONE_OFFSET}, "sync: epoch, done");',
+        f'static_assert(kAgArriveOffset == {A.ARRIVE_OFFSET} && kAgReadyOffset == {A.READY_OFFSET}, "sync: arrive, ready");',
+        f'static_assert(kAgRecordsOffset == {A.RECORDS_OFFSET} && kAgSyncBytes == {A.SYNC_BYTES}, "sync: records, size");',
+        f'static_assert(kAgArriveLate == {A.LOCAL_ARRIVE_LATE} && kAgGate == {A.LOCAL_GATE}, "local flags");',
         f'static_assert(kStateCallMismatch == {C.STATE_CALL_MISMATCH}, "mismatch state");',
         f'static_assert(kAgPush == {A.DIRECTIONS["push"]} && kAgPull == {A.DIRECTIONS["pull"]}, "directions");',
         f'static_assert(kOpAgGemm == {OP_AG_GEMM}, "op id");',
@@ -223,7 +227,7 @@ def test_param_structs_match_cuda():
 
 
 def test_param_struct_check_can_fail():
-    broken = _layout_asserts().replace("AgCopyArgs, mode) == 56", "AgCopyArgs, mode) == 60")
+    broken = _layout_asserts().replace("AgCopyArgs, mode) == 64", "AgCopyArgs, mode) == 68")
     assert broken != _layout_asserts()
     with pytest.raises(Exception, match="AgCopyArgs.mode"):
         compile_cubin(broken, arch="sm_90a")
@@ -236,15 +240,9 @@ def _no_spills(res, names):
 
 
 def test_copy_kernels_compile_without_spills():
-    names = (A.LOCAL_KERNEL, A.COPY_KERNEL)
+    names = (A.LOCAL_KERNEL, A.COPY_KERNEL, A.CHECK_KERNEL)
     res = compile_cubin(kernel_source(A.KERNEL_FILE), arch="sm_90a", name_expressions=names, filename=A.KERNEL_FILE)
     _no_spills(res, names)
-
-
-@pytest.mark.parametrize("arch", ("sm_90a", "sm_80"))
-def test_meta_kernels_compile_without_spills(arch):
-    names = ("rawflux::meta_publish_kernel", "rawflux::meta_check_kernel")
-    _no_spills(compile_cubin(kernel_source("ag_meta.cu"), arch=arch, name_expressions=names, filename="ag_meta.cu"), names)
 
 
 @pytest.mark.parametrize("layout,dtype", [("nk", DType.BF16), ("kn", DType.F16)])
@@ -260,10 +258,8 @@ def test_every_ag_variant_is_registered():
     from rawflux.jit import variants
 
     names = {v.name_expr for v in variants() if v.relpath == A.KERNEL_FILE}
-    assert A.LOCAL_KERNEL in names and A.COPY_KERNEL in names
+    assert {A.LOCAL_KERNEL, A.COPY_KERNEL, A.CHECK_KERNEL} <= names
     assert sum(A.PROLOGUE in n for n in names) >= 8
-    assert {v.name_expr for v in variants() if v.relpath == "ag_meta.cu"} == {"rawflux::meta_publish_kernel",
-                                                                              "rawflux::meta_check_kernel"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,23 +499,27 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     res = op(a, b, out=out, stream=main)
     assert res is out
     kinds = [e[0] if e[0] not in ("kernel", "launch") else e[1] for e in log]
-    gath, ready = op._gath, op._ready
+    gath, sync = op._gath, op._sync
     chunk = m_loc * row
-    # own rows + record before the last barrier, on the main stream
+    # the call's start, on the main stream: own rows, the op's sync buffers, the call record
     local = next(e for e in log if e[0] == "launch" and e[1] == "ag_local_kernel")
     args = A.AG_LOCAL_ARGS.unpack(local[4][0])
-    assert local[2] == main and args[2] == gath.ptr + rank * chunk and args[1] == BASE and args[5] == m_loc
+    assert local[2] == main and args[2] == gath.ptr + rank * chunk and args[1] == BASE and args[6] == m_loc
+    assert args[3:5] == (sync.ptr, sync.peer_table_ptr)
+    assert args[8] == (A.LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (A.LOCAL_GATE if copy == "ce" else 0)
+    record = A.CALL_RECORD.unpack(local[4][1])
+    assert record[:8] == (0, OP_AG_GEMM, m_loc, k, C.DTYPE_CODE[DType.BF16], A.DIRECTIONS[direction], A.COPIES[copy], 128)
+    # push: no barrier at all; pull: one, before the call's start
     barriers = [i for i, kd in enumerate(kinds) if kd == "barrier"]
-    assert len(barriers) == (1 if direction == "push" else 2)
-    assert kinds.index("ag_local_kernel") < barriers[-1]
+    assert len(barriers) == (direction == "pull")
     if direction == "pull":
         assert barriers[0] < kinds.index("ag_local_kernel")
-    # the GEMM: on main after the barrier, rotated to this rank, split-K off, waiting on own flags
+    # the GEMM: on main after the call's start, rotated to this rank, split-K off, waiting on the op's flags
     g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
-    assert g[2] == main and kinds.index("gemm_kernel") > barriers[-1]
+    assert g[2] == main and kinds.index("gemm_kernel") > kinds.index("ag_local_kernel")
     tmap_a, _, params, pro, _, tmap_a_tail = g[4]
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
-    assert A.AG_WAIT_PARAMS.unpack(pro)[1:5] == (ready.ptr, m_loc, rank, world)
+    assert A.AG_WAIT_PARAMS.unpack(pro)[1:6] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world)
     p = A.engine.GEMM_PARAMS.unpack(params)
     # m, splits, and the rotation: one-row segments, starting at rank's first whole cluster row
     assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == A.rotation(m_loc * world, world, rank, plans[-1][0].tile)
@@ -535,13 +535,13 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         if direction == "push":
             assert [d[1] for d in data] == [gath.peer_ptrs[q] + rank * chunk for q in A.push_targets(rank, world)]
             assert all(d[2] == BASE and d[3] == chunk and d[5] == row for d in data)
-            assert [f[1] for f in flags] == [ready.peer_ptrs[q] + 4 * rank for q in A.push_targets(rank, world)]
+            assert [f[1] for f in flags] == [sync.peer_ptrs[q] + A.READY_OFFSET + 4 * rank for q in A.push_targets(rank, world)]
         else:
             srcs = A.pull_sources(rank, world)
             assert [d[1] for d in data] == [gath.ptr + q * chunk for q in srcs]
             assert [d[2] for d in data] == [gath.peer_ptrs[q] + q * chunk for q in srcs]
-            assert [f[1] for f in flags] == [ready.ptr + 4 * q for q in srcs]
-        assert all(f[2] == op.epoch_ptr for f in flags)  # the flag is the device-resident epoch
+            assert [f[1] for f in flags] == [sync.ptr + A.READY_OFFSET + 4 * q for q in srcs]
+        assert all(f[2] == op.epoch_ptr == sync.ptr + A.EPOCH_OFFSET for f in flags)  # the flag is the op's device-resident epoch
         assert all(e[4] in sides for e in data + flags)
         # each flag follows its data copy on the same side stream
         for d, f in zip(data, flags):
@@ -550,24 +550,24 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         # pull's flags are copies within this GPU (a driver kernel): the GEMM leaves them an SM
         assert op.reserved_sms == (direction == "pull")
         assert op.last_config.ctas == 131 if direction == "pull" else op.last_config.ctas in (0, 132)  # 0: every SM
+        check = next(e for e in log if e[0] == "launch" and e[1] == "ag_check_kernel")
+        assert check[2] == sides[0] and struct.unpack("<QQ", check[4][0]) == (op.group_ctrl_ptr, sync.ptr)
+        # fork after the call's start, join (main waits for every side) at the end
+        assert kinds.index("record") > kinds.index("ag_local_kernel")
+        waits = [e for e in log if e[0] == "wait"]
+        assert waits[-1][1] == main and {w[1] for w in waits[:len(sides)]} == set(sides)
+        assert log[-1][0] == "wait" and log[-1][1] == main
     else:
         cp_ = next(e for e in log if e[0] == "launch" and e[1] == "ag_copy_kernel")
         assert cp_[2] == main and cp_[3] == op.copy_sms
         ca = A.AG_COPY_ARGS.unpack(cp_[4][0])
-        assert ca[2] == gath.peer_table_ptr and ca[3] == ready.peer_table_ptr and ca[8] == A.DIRECTIONS[direction]
+        assert ca[2:5] == (gath.peer_table_ptr, sync.ptr, sync.peer_table_ptr) and ca[9] == A.DIRECTIONS[direction]
         assert op.last_config.ctas == 132 - op.copy_sms
-        # the GEMM comes right after the copy kernel, as its programmatic dependent
-        assert kinds.index("gemm_kernel") == kinds.index("ag_copy_kernel") + 1 and g[5:] == ("pdl",)
-    check = next(e for e in log if e[0] == "kernel" and e[1] == "meta_check_kernel")
-    if copy == "ce":
-        assert check[2] == sides[0]
-        # fork after the last barrier, join (main waits for every side) at the end
-        waits = [e for e in log if e[0] == "wait"]
-        assert waits[-1][1] == main and {w[1] for w in waits[:len(sides)]} == set(sides)
-        assert log[-1][0] == "wait" and log[-1][1] == main
-    else:  # no side streams: the check follows the GEMM on the main stream
-        assert check[2] == main and kinds.index("meta_check_kernel") > kinds.index("gemm_kernel")
-        assert not any(e[0] in ("wait", "record") for e in log[barriers[-1]:])
+        # three launches on one stream: the call's start, the copy kernel (it compares the
+        # records), the GEMM right after it as its programmatic dependent
+        assert [kd for kd in kinds if kd != "barrier"] == ["ag_local_kernel", "ag_copy_kernel", "gemm_kernel"]
+        assert g[5:] == ("pdl",)
+        assert not any(e[0] in ("wait", "record") for e in log)
 
 
 def test_a_call_at_capacity_and_gathered_copy(fake_cuda):

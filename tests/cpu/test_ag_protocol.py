@@ -1,27 +1,27 @@
-"""A barrier-free AllGather-GEMM protocol (issue 38 item 6, designed ahead of its kernel), checked on
+"""AllGather-GEMM's barrier-free push protocol (rawflux/ops/ag_gemm.py, fused/ag_gemm.cuh), checked on
 an interleaving model like GEMM-RS's (tests/cpu/test_rs_protocol.py): W ranks, each making C calls,
 every call cut into atomic steps, the steps of all ranks interleaved (exhaustively for tiny
 configurations, by seeded random schedules for larger ones).
 
-The protocol (push; call e of a rank, slot p = e mod 2 of a two-slot gathered buffer):
-  * local: the own shard into the own rows of slot p, then ready[r][p][r] = e;
-  * push, one agent per peer q (the copies): the shard into q's slot p, rows of chunk r, then
-    ready[q][p][r] = e (released after the data);
-  * GEMM: for each chunk c, own first, then in arrival order: wait ready[r][p][c] >= e, read it;
+The protocol as built (PROTOCOL: call e of rank r, one gathered buffer):
+  * arrive: r tells every peer it has started call e (so its GEMM of e - 1, the last reader of its
+    buffer, has ended: in the model, "done with e - 1" announced at the next call's start);
+  * local: the own shard into the own rows, then ready[r][r] = e (stream order in the kernels);
+  * push, one agent per peer q (the copies): once q has arrived at call e, the shard into q's rows
+    of chunk r, then ready[q][r] = e (released after the data);
+  * GEMM: for each chunk c, own first, then in arrival order: wait ready[r][c] >= e, read it;
   * stream order: the next call starts once this call's steps and its pushes have ended.
-No barrier and no wait on the peers' progress: rank r reaches call e only after its GEMM of call
-e - 1 read every peer's chunk of e - 1, which each peer pushed after ending its call e - 2, the
-last reader of slot p; so the current call's flags already order every write after the reads it
-could clobber. What a call still needs from the barrier it drops is the call-record check (moved
-into the kernel, as in GEMM-RS) and a per-op epoch (the flags' value) advanced once per call.
-Variants: a gate (a bounded wait for every peer's "done with call e - lag" before the pushes) is
-modelled to show what one slot would need (lag 1: a one-call-late barrier) and that two slots
-need none.
+The copy-engine path waits for every peer's arrival before any push (a stronger gate, same proof).
+Other variants: two gathered slots by call parity need no gate at all (TWO_SLOTS: rank r reaches
+call e only after its GEMM of e - 1 read every peer's chunk of e - 1, which each peer pushed after
+ending its call e - 2, the last reader of that slot); a gate before the whole call (a one-call-late
+barrier) is safe too.
 
 Checked at every step: (a) no write to a slot or flag whose previous contents its owner has not
 read yet; (b) every GEMM read sees data written in the reader's own call; (c) no deadlock: until
 every call of every rank has ended, some step is enabled. Broken variants (one slot without a
-gate, the flag before the data) show that the checker finds each kind of violation.
+gate, a gate two calls back, the flag before the data) show that the checker finds each kind of
+violation.
 """
 from __future__ import annotations
 
@@ -35,16 +35,20 @@ import pytest
 class Variant:
     name: str = "protocol"
     slots: int = 2  # gathered-buffer slots: slot = e % slots
-    gate: bool = False  # a bounded wait for done >= e - gate_lag from every peer before the pushes
+    gate: bool = False  # a bounded wait for done >= e - gate_lag from the peer(s) before pushing
     gate_lag: int = 1
+    gate_at: str = "call"  # "call": one gate on every peer before the call; "push": each push waits for its own peer
+    arrive: bool = False  # "done with e - 1" announced at call e's start (the kernels), not after the reads
     flag_after_data: bool = True
 
 
-PROTOCOL = Variant()
+PROTOCOL = Variant("one slot, each push after its peer's arrival", slots=1, gate=True, gate_lag=1, gate_at="push", arrive=True)
+TWO_SLOTS = Variant("two slots by call parity, no gate")
 ONE_SLOT = Variant("one slot", slots=1)
-FLAG_FIRST = Variant("flag before data", flag_after_data=False)
+FLAG_FIRST = Variant("flag before data", slots=1, gate=True, gate_at="push", arrive=True, flag_after_data=False)
 ONE_SLOT_GATED = Variant("one slot, gate on the previous call", slots=1, gate=True, gate_lag=1)  # a one-call-late barrier
 ONE_SLOT_GATE_SHORT = Variant("one slot, gate two calls back", slots=1, gate=True, gate_lag=2)
+ARRIVE_GATE_SHORT = Variant("one slot, each push two calls back", slots=1, gate=True, gate_lag=2, gate_at="push", arrive=True)
 TWO_SLOTS_GATED = Variant("two slots and a gate", gate=True, gate_lag=2)
 
 
@@ -57,11 +61,12 @@ class Violation(AssertionError):
 # Main agent program of one call on rank r (world W): gate, local (write, flag), then per chunk in
 # order: wait, read; then (gated variants) done to each peer; then end (waits for the call's pushes).
 def _main_steps(r: int, world: int, variant: Variant):
-    steps = [("gate",), ("local_write",), ("local_flag",)]
+    steps = [("arrive", q) for q in range(world) if q != r] if variant.arrive else []
+    steps += [("gate",), ("local_write",), ("local_flag",)]
     for s in range(world):
         c = (r + s) % world  # own chunk, then the order pushes arrive in
         steps += [("wait", c), ("read", c)]
-    if variant.gate:
+    if variant.gate and not variant.arrive:
         steps += [("done", q) for q in range(world) if q != r]
     return steps + [("end",)]
 
@@ -103,7 +108,7 @@ class Model:
             step = self.main[r][pc]
             kind = step[0]
             if kind == "gate":
-                if not self.v.gate or all(done[r * self.w + q] >= e - self.v.gate_lag for q in range(self.w) if q != r):
+                if not self.v.gate or self.v.gate_at == "push" or all(done[r * self.w + q] >= e - self.v.gate_lag for q in range(self.w) if q != r):
                     out.append((r, "main", -1))
             elif kind == "wait":
                 if ready[self._i(r, p, step[1])] >= e:
@@ -113,8 +118,13 @@ class Model:
                     out.append((r, "main", -1))
             else:
                 out.append((r, "main", -1))
-            if pc > 0:  # the pushes are issued after the gate
-                out += [(r, "push", q) for q in range(self.w) if q != r and pushes[q] < len(self.push)]
+            if pc > self.main[r].index(("gate",)):  # the pushes are issued after the gate
+                for q in range(self.w):
+                    if q == r or pushes[q] >= len(self.push):
+                        continue
+                    if pushes[q] == 0 and self.v.gate and self.v.gate_at == "push" and done[r * self.w + q] < e - self.v.gate_lag:
+                        continue  # this push waits for its own peer
+                    out.append((r, "push", q))
         return out
 
     def step(self, st, move):
@@ -152,6 +162,8 @@ class Model:
                 owed[i] = 0
             elif kind == "done":
                 done[step[1] * self.w + r] = e
+            elif kind == "arrive":
+                done[step[1] * self.w + r] = e - 1  # started call e: done with e - 1
             if kind == "end":
                 e, pc, pushes = e + 1, 0, [0] * self.w
             else:
@@ -203,12 +215,13 @@ def test_protocol_is_safe_on_random_schedules(world):
     random_runs(Model(world, 6), runs=200, seed=world)
 
 
-@pytest.mark.parametrize("variant", [ONE_SLOT_GATED, TWO_SLOTS_GATED])
-def test_gated_variants_are_safe(variant):
+@pytest.mark.parametrize("variant", [TWO_SLOTS, ONE_SLOT_GATED, TWO_SLOTS_GATED])
+def test_other_safe_variants(variant):
     explore(Model(2, 5, variant))
 
 
-@pytest.mark.parametrize("variant,kind", [(ONE_SLOT, "overwrite"), (ONE_SLOT_GATE_SHORT, "overwrite"), (FLAG_FIRST, "stale read")])
+@pytest.mark.parametrize("variant,kind", [(ONE_SLOT, "overwrite"), (ONE_SLOT_GATE_SHORT, "overwrite"), (ARRIVE_GATE_SHORT, "overwrite"),
+                                          (FLAG_FIRST, "stale read")])
 def test_the_checker_finds_each_broken_variant(variant, kind):
     with pytest.raises(Violation) as e:
         explore(Model(2, 4, variant))

@@ -56,3 +56,12 @@ __global__ void probe(const GroupCtrl* g, const u64* flag_table, u32 call_id, u3
 }
 """
     compile_cubin(src, arch=arch, name_expressions=("probe",))
+
+
+def test_abort_word_names_both_ranks():
+    from rawflux.dist.layout import describe_abort
+
+    assert describe_abort(3).startswith("rank 2 gave up (")  # low half: rank + 1; no late rank known
+    text = describe_abort(3 | (8 << 16))
+    assert text.startswith("rank 2 gave up on rank 7 (") and "abort flag" in text
+    assert describe_abort(0).startswith("another rank gave up")

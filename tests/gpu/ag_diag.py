@@ -103,5 +103,5 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"[{r}] failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
 ready = np.empty(W, np.uint32)
-cp.cuda.runtime.memcpy(ready.ctypes.data, op._ready.ptr, 4 * W, 2)
+cp.cuda.runtime.memcpy(ready.ctypes.data, op._sync.ptr + A.READY_OFFSET, 4 * W, 2)
 print(f"[{r}] ready flags {ready.tolist()} ctrl {g.ctrl_state()}", flush=True)

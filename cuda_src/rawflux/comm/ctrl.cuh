@@ -21,7 +21,7 @@ enum : int { kMaxWorld = 64 };  // ranks in one TP group (one node); late_mask i
 // Op ids in Status::op (rawflux/dist/layout.py OP_NAMES gives their names).
 enum : u32 { kOpNone = 0, kOpBarrier = 1, kOpAgGemm = 2, kOpGemmRs = 3, kOpSignalWait = 4, kOpSelfTest = 5 };
 // Status::state
-// kStateCallMismatch: a fused op's per-call record differed between ranks (fused/ag_meta.cuh).
+// kStateCallMismatch: a fused op's per-call record differed between ranks (comm/call_record.cuh).
 enum : u32 { kStateOk = 0, kStateTimeout = 1, kStateAborted = 2, kStateCallMismatch = 3 };
 
 struct Status {
@@ -36,7 +36,7 @@ struct Status {
   u64 elapsed_ns;  // how long the wait ran
   u64 timeout_ns;  // the bound it ran under
   u64 late_mask;   // bit q: rank q had not arrived when the wait gave up (when known)
-  u32 abort_from;  // kStateAborted: the abort word (rank + 1 of the rank that timed out)
+  u32 abort_from;  // kStateAborted: the abort word (rank + 1 of the rank that gave up; high half: + 1 of the rank it gave up on)
   u32 reserved;
 };
 static_assert(sizeof(Status) == 64, "Status layout is mirrored in rawflux/dist/layout.py");
@@ -44,7 +44,7 @@ static_assert(sizeof(Status) == 64, "Status layout is mirrored in rawflux/dist/l
 // Offsets inside the symmetric control buffer (bytes); separate 128-byte lines so the words
 // peers hammer do not share a line with the words only this rank touches.
 enum : u32 {
-  kCtrlAbortOffset = 0,    // u32 abort: nonzero = rank (value-1) timed out; every wait gives up
+  kCtrlAbortOffset = 0,    // u32 abort: nonzero = rank (low half - 1) gave up on rank (high half - 1); every wait gives up
   kCtrlClaimOffset = 4,    // u32 claim: the first failing wait on this rank owns Status
   kCtrlEpochOffset = 128,  // u32 barrier epoch: barriers this rank entered (only grows)
   kCtrlFlagsOffset = 256,  // u32 flag[kMaxWorld]: last barrier epoch rank q announced here

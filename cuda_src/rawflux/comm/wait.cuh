@@ -97,12 +97,14 @@ RAWFLUX_DEVICE void record_failure(const WaitCtx& c, u32 state, i32 peer, i32 in
   st_release_sys_u32(&s->state, state);
 }
 
-// Tell every rank (this one included) to stop waiting: rank + 1 goes into each abort word.
-RAWFLUX_DEVICE void raise_abort(const WaitCtx& c) {
+// Tell every rank (this one included) to stop waiting: each abort word gets rank + 1 in its low
+// half and, when known, the rank this one gave up on (late + 1) in its high half.
+RAWFLUX_DEVICE void raise_abort(const WaitCtx& c, int late = -1) {
+  const u32 word = static_cast<u32>(c.rank + 1) | (late >= 0 && late < kMaxWorld ? static_cast<u32>(late + 1) << 16 : 0u);
   for (int q = 0; q < c.world; ++q) {
     u32* abort = reinterpret_cast<u32*>(c.ctrl_peers[q] + kCtrlAbortOffset);
     // release (sys): this rank's error record is written before peers see the abort
-    st_release_sys_u32(abort, static_cast<u32>(c.rank + 1));
+    st_release_sys_u32(abort, word);
   }
 }
 
@@ -115,7 +117,7 @@ RAWFLUX_DEVICE bool wait_flag_geq(const u32* flag, u32 target, const WaitCtx& c,
   const u64 late = (peer >= 0 && peer < kMaxWorld) ? (1ull << peer) : 0ull;
   record_failure(c, r.code == kWaitTimeout ? kStateTimeout : kStateAborted, peer, index, target,
                  r.observed, r.elapsed_ns, late);
-  if (r.code == kWaitTimeout) raise_abort(c);
+  if (r.code == kWaitTimeout) raise_abort(c, peer);
   return false;
 }
 

@@ -5,26 +5,51 @@
 //                 of every chunk those rows touch. Chunk q = rows [q * m_local, (q + 1) * m_local)
 //                 of the gathered A, i.e. rank q's shard; the own chunk is in place before the
 //                 GEMM starts (stream order), so it is never waited for.
-//   ag_local_*    copies this rank's shard into its own rows of the gathered buffer and publishes
-//                 the call's metadata record (fused/ag_meta.cuh), in one launch.
+//   ag_local_*    starts a call: advances the op's epoch, pushes this rank's call record into
+//                 every peer, copies this rank's shard into its own rows of the gathered buffer
+//                 and announces the call to the peers (arrive); on the copy-engine path its last
+//                 CTA then waits for every peer's arrival (the copies that follow need it).
 //   ag_copy_*     the SM copy path: a bounded grid of CTAs pushes this rank's shard into every
 //                 peer's gathered buffer (or pulls every peer's shard into its own), chunk after
-//                 chunk in rotated order, and sets the chunk's ready flag after each one.
+//                 chunk in rotated order, each chunk once its peer has arrived, and sets the
+//                 chunk's ready flag after it; its last CTA compares the peers' call records.
+//   ag_check_*    the copy-engine path's record comparison (a side stream, off the GEMM's path).
 //
-// Flags: ready[q] (u32, in each rank's symmetric flag buffer) holds the barrier epoch of the
-// last call whose chunk q has landed in that rank's gathered buffer. Epochs only grow, so flags
-// are never reset, and a stale flag (< this call's epoch) never satisfies a wait. The copy engine
-// sets a flag by copying the epoch word (device memory) after the data copy on the same stream.
+// No barrier: a peer's arrival at call e says its GEMM of call e - 1 has ended (stream order), so
+// this rank may write into its gathered buffer; this rank's own GEMM of e - 1 ended before its
+// call e started. So one gathered slot suffices (tests/cpu/test_ag_protocol.py checks the
+// protocol on an interleaving model). Pull adds a group barrier before the call (a peer may still
+// be reading this rank's own rows of e - 1) and announces the call after its own rows are in place.
+//
+// Flags hold the op's epoch e (calls of this op object, counted on the device): ready[q] = the
+// last call whose chunk q landed in this rank's gathered buffer, arrive[q] = the last call rank q
+// started. Epochs only grow, so flags are never reset, and a stale flag (< e) never satisfies a
+// wait. The copy engine sets a flag by copying the epoch word after the data on the same stream.
 #pragma once
 
 #include "rawflux/comm/ctrl.cuh"
 #include "rawflux/comm/signal.cuh"
 #include "rawflux/comm/wait.cuh"
-#include "rawflux/fused/ag_meta.cuh"
+#include "rawflux/comm/call_record.cuh"
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/sync.cuh"
 
 namespace rawflux {
+
+// The op's sync buffer (symmetric, one per rank; rawflux/ops/ag_gemm.py mirrors the offsets).
+enum : u32 {
+  kAgEpochOffset = 0,      // u32: calls of the op on this rank (local; ag_local_kernel advances it)
+  kAgLocalDoneOffset = 64, // u32: ag_local_kernel's CTAs done (local; zero between launches)
+  kAgArriveOffset = 128,   // u32 arrive[kMaxWorld]: the last call rank q started (written by q)
+  kAgReadyOffset = kAgArriveOffset + 4 * kMaxWorld,     // u32 ready[kMaxWorld]
+  kAgRecordsOffset = kAgReadyOffset + 4 * kMaxWorld,    // call records, slot (parity, source)
+  kAgSyncBytes = kAgRecordsOffset + 2 * kMaxWorld * kMetaSlotBytes,
+};
+
+RAWFLUX_DEVICE u32* ag_word(u64 sync, u32 offset) { return reinterpret_cast<u32*>(sync + offset); }
+RAWFLUX_DEVICE u32* ag_record(u64 sync, u32 parity, i32 src) {
+  return ag_word(sync, kAgRecordsOffset + (parity * kMaxWorld + (u32)src) * kMetaSlotBytes);
+}
 
 // Rows [m0, m0 + rows) touch chunks first..last (m_local rows each).
 RAWFLUX_DEVICE void ag_chunk_span(i32 m0, i32 rows, i32 m_local, i32& first, i32& last) {
@@ -37,8 +62,9 @@ RAWFLUX_DEVICE void ag_chunk_span(i32 m0, i32 rows, i32 m_local, i32& first, i32
 
 struct AgWait {
   struct Params {
-    u64 group_ctrl;  // const GroupCtrl* of this rank (timeout, status record, abort word, epoch)
-    u64 ready;       // u32 ready[world]: this rank's flags (chunk q landed in the gathered buffer)
+    u64 group_ctrl;  // const GroupCtrl* of this rank (timeout, status record, abort word)
+    u64 ready;       // u32 ready[world] of this rank's sync buffer: chunk q landed in the gathered buffer
+    u64 epoch;       // const u32*: the op's epoch word (this call's number once ag_local_kernel ran)
     i32 m_local;     // rows per chunk (m / world)
     i32 rank;
     i32 world;
@@ -62,11 +88,14 @@ struct AgWait {
     u32 epoch = 0;
     for (i32 q = first; q <= last; ++q) {
       if (q == pp.rank) continue;
-      if (!waited) epoch = *epoch_word(g);  // this call's epoch: written by the barrier earlier in stream order
+      if (!waited) epoch = *reinterpret_cast<const u32*>(pp.epoch);  // this call's epoch: ag_local_kernel wrote it earlier in stream order
       waited = true;
       // wait_flag_geq acquires (sys): the chunk's bytes, written by the copy engine or peer SMs
       // before the flag, are visible to this thread after it returns
-      const WaitCtx c = make_wait_ctx(g, kOpAgGemm, epoch);
+      WaitCtx c = make_wait_ctx(g, kOpAgGemm, epoch);
+      // A quarter longer than the arrival waits of the copies: a rank that never made the call is
+      // then named by an arrival wait, not by the chunk a waiting peer holds back.
+      c.timeout_ns += c.timeout_ns / 4;
       wait_flag_geq(ready + q, epoch, c, q, q);
     }
     // proxy fence: the TMA loads that follow (async proxy) must see the rows acquired above,
@@ -145,29 +174,87 @@ RAWFLUX_DEVICE void copy_rows(u8* dst, const u8* src, i64 src_pitch, i32 rows, i
 }  // namespace ag
 
 // ------------------------------------------------------------------------------------------
-// own rows + metadata (one launch, before the call's last barrier)
+// the call's start: epoch, call record, own rows, arrival (one launch, first of the call)
+
+enum : u32 {
+  kAgArriveLate = 1,  // announce the call after the own rows are in place (pull: peers read them)
+  kAgGate = 2,        // the last CTA waits for every peer's arrival (the copy-engine copies follow)
+};
 
 struct AgLocalArgs {
   u64 group_ctrl;  // const GroupCtrl*
   u64 src;         // this rank's shard (m_local rows, pitch src_pitch bytes)
   u64 dst;         // own gathered buffer, rows [rank * m_local, ...) (packed rows)
-  u64 meta;        // own metadata buffer (2 slots)
+  u64 sync;        // this rank's sync buffer
+  u64 sync_peers;  // u64[world]: every rank's sync buffer as mapped here
   i64 src_pitch;   // bytes
   i32 m_local;
   i32 row_vecs;    // 16-byte vectors per row (k * element bytes / 16)
-  u32 op;          // kOpAgGemm
-  u32 ahead;       // barriers still to come before the call's last one + 1 (normally 1)
+  u32 flags;       // kAgArriveLate | kAgGate
+  u32 pad;
 };
 
-RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const MetaFields& f) {
-  ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local,
-                      a.row_vecs, blockIdx.x, gridDim.x);
-  if (blockIdx.x == 0 && threadIdx.x == 0 && a.meta != 0)
-    meta_publish(reinterpret_cast<const GroupCtrl*>(a.group_ctrl), reinterpret_cast<u32*>(a.meta), a.op, f, a.ahead);
+// Thread 0: tell every peer that this rank has started call e (its sync buffer's arrive[rank]).
+RAWFLUX_DEVICE void ag_arrive(const AgLocalArgs& a, i32 rank, i32 world, u32 e) {
+  const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
+  for (i32 q = 0; q < world; ++q) {
+    // release (sys): this rank's own rows, counted before (kAgArriveLate), reach the peer before its
+    // acquire of the arrival; without it the store orders only what stream order already ended
+    // (this rank's GEMM of the previous call, the last reader of the rows peers write)
+    if (q != rank) st_release_sys_u32(ag_word(sync_peers[q], kAgArriveOffset) + rank, e);
+  }
+}
+
+RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
+  const GroupCtrl* g = reinterpret_cast<const GroupCtrl*>(a.group_ctrl);
+  const i32 rank = g->rank, world = g->world;
+  u32* epoch = ag_word(a.sync, kAgEpochOffset);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // The op's epoch: this thread is its only writer, and every reader of the previous value (the
+    // last call's kernels and copies) is earlier in stream order.
+    const u32 e = *epoch + 1;
+    *epoch = e;
+    const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
+    for (i32 q = 0; q < world; ++q) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
+    if (!(a.flags & kAgArriveLate)) ag_arrive(a, rank, world, e);
+  }
+  ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs,
+                      blockIdx.x, gridDim.x);
+  if (a.flags == 0) return;
+  __syncthreads();  // joins the CTA: every thread's rows precede thread 0's fence
+  if (threadIdx.x != 0) return;
+  // fence (sys) + count = release: this CTA's rows are visible (to the peers that pull them) before it is counted
+  fence_acq_rel_sys();
+  u32* done = ag_word(a.sync, kAgLocalDoneOffset);
+  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
+  *done = 0u;  // every CTA is counted: zero for the next launch
+  // fence (sys) = acquire of the other CTAs' counted rows and of CTA 0's epoch
+  fence_acq_rel_sys();
+  const u32 e = ld_volatile_u32(epoch);
+  if (a.flags & kAgArriveLate) ag_arrive(a, rank, world, e);
+  if (a.flags & kAgGate) {
+    const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, e);
+    const u32* arrive = ag_word(a.sync, kAgArriveOffset);
+    for (i32 q = 0; q < world; ++q) {
+      // acquire (sys): peer q has started call e, so its GEMM of e - 1 has ended: the copies that
+      // follow this kernel may write into its gathered buffer (or read its own rows, pull)
+      if (q != rank && !wait_flag_geq(arrive + q, e, ctx, q, -1)) break;
+    }
+  }
+}
+
+// One CTA, blockDim.x >= world: thread q compares peer q's record of this call with this rank's.
+RAWFLUX_DEVICE void ag_check_records(const GroupCtrl* g, u64 sync, u32 e) {
+  const i32 q = threadIdx.x;
+  if (q >= g->world || q == g->rank) return;
+  const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, e);
+  // this rank's own record, written by ag_local_kernel earlier in stream order
+  const u32* mine = ag_record(sync, e & 1u, g->rank);
+  record_check(ag_record(sync, e & 1u, q), e, mine, ctx, q);
 }
 
 // ------------------------------------------------------------------------------------------
-// SM copy path (after the call's last barrier; never waits on anything)
+// SM copy path (after ag_local_kernel; waits only for each peer's arrival)
 //
 // The GEMM spins on the flags this kernel sets, so the copy CTAs must be resident before the GEMM
 // can take the SMs. Both go on one stream, the GEMM launched as this kernel's programmatic
@@ -184,7 +271,8 @@ struct AgCopyArgs {
   u64 group_ctrl;   // const GroupCtrl*
   u64 src;          // push: this rank's shard; pull: unused
   u64 gath_peers;   // u64[world]: every rank's gathered buffer as mapped here
-  u64 ready_peers;  // u64[world]: every rank's ready flags as mapped here
+  u64 sync;         // this rank's sync buffer (epoch, arrivals, records)
+  u64 sync_peers;   // u64[world]: every rank's sync buffer as mapped here (ready flags)
   u64 counters;     // u32[kMaxWorld + 1], zero between launches: [0] next part to claim,
                     // [step] parts of step's chunk done, [kMaxWorld] CTAs done claiming
   i64 src_pitch;    // push: bytes between rows of src
@@ -198,7 +286,7 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
   const GroupCtrl* g = reinterpret_cast<const GroupCtrl*>(a.group_ctrl);
   const i32 rank = g->rank, world = g->world;
   const u64* gath = reinterpret_cast<const u64*>(a.gath_peers);
-  const u64* ready = reinterpret_cast<const u64*>(a.ready_peers);
+  const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
   u32* counters = reinterpret_cast<u32*>(a.counters);
   u32* next_part = counters;
   u32* exits = counters + kMaxWorld;
@@ -207,14 +295,33 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
   const i32 total = (world - 1) * parts;
   __shared__ u32 s_epoch;
   __shared__ i32 s_claim;
+  __shared__ i32 s_gated;  // the step whose peer this CTA saw arrive (0: none yet)
+  __shared__ u32 s_go;     // that peer arrived (its wait did not fail)
   // this CTA is resident: once all are, the GEMM (this kernel's programmatic dependent) may start
   griddep_launch_dependents();
-  if (threadIdx.x == 0) s_epoch = *epoch_word(g);  // this call's epoch (barrier earlier in stream order)
+  if (threadIdx.x == 0) {
+    s_epoch = *ag_word(a.sync, kAgEpochOffset);  // this call's epoch (ag_local_kernel, earlier in stream order)
+    s_gated = 0;
+  }
   for (;;) {
-    if (threadIdx.x == 0) s_claim = (i32)atomicAdd(next_part, 1u);
+    if (threadIdx.x == 0) {
+      const i32 claim = (i32)atomicAdd(next_part, 1u);
+      s_claim = claim;
+      const i32 step = 1 + claim / parts;
+      if (claim < total && step != s_gated) {
+        // Push writes into rank - step's gathered buffer: that peer's GEMM of the previous call
+        // must have ended; pull reads rank + step's own rows: they must be in place.
+        const i32 q = a.mode == kAgPush ? (rank - step + world) % world : (rank + step) % world;
+        const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, s_epoch);
+        // acquire (sys): the peer's arrival at this call, before this CTA's stores (the barrier below orders the other threads')
+        s_go = wait_flag_geq(ag_word(a.sync, kAgArriveOffset) + q, s_epoch, ctx, q, -1) ? 1u : 0u;
+        s_gated = step;
+      }
+    }
     __syncthreads();
     const i32 claim = s_claim;
     const u32 epoch = s_epoch;
+    const bool go = s_go != 0u;
     __syncthreads();  // every thread has read s_claim before thread 0 claims again
     if (claim >= total) break;
     const i32 step = 1 + claim / parts, part = claim % parts;
@@ -224,15 +331,15 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
       // once, and every rank receives chunk rank + 1 first (the GEMM visits rank, rank + 1, ...).
       const i32 q = (rank - step + world) % world;
       u8* dst = reinterpret_cast<u8*>(gath[q]) + (i64)rank * chunk_bytes;
-      flag = reinterpret_cast<u32*>(ready[q]) + rank;
-      ag::copy_rows<true>(dst, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs, part, parts);
+      flag = ag_word(sync_peers[q], kAgReadyOffset) + rank;
+      if (go) ag::copy_rows<true>(dst, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs, part, parts);
     } else {
       // Step s reads from rank + s (a permutation too): chunk rank + 1 lands first.
       const i32 q = (rank + step) % world;
       u8* dst = reinterpret_cast<u8*>(gath[rank]) + (i64)q * chunk_bytes;
       const u8* src = reinterpret_cast<const u8*>(gath[q]) + (i64)q * chunk_bytes;
-      flag = reinterpret_cast<u32*>(ready[rank]) + q;
-      ag::copy_rows<false>(dst, src, (i64)a.row_vecs * 16, a.m_local, a.row_vecs, part, parts);
+      flag = ag_word(a.sync, kAgReadyOffset) + q;
+      if (go) ag::copy_rows<false>(dst, src, (i64)a.row_vecs * 16, a.m_local, a.row_vecs, part, parts);
     }
     __syncthreads();  // joins the CTA: every thread's stores of this part precede thread 0's fence
     if (threadIdx.x == 0) {
@@ -244,16 +351,22 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
         counters[step] = 0;  // every part of this chunk is counted: zero for the next launch
         // fence (sys) = acquire of the other CTAs' counted parts before the flag is released
         fence_acq_rel_sys();
-        // release (sys): the whole chunk is visible before the reader's acquire of the flag
-        st_release_sys_u32(flag, epoch);
+        // release (sys): the whole chunk is visible before the reader's acquire of the flag (a
+        // peer that never arrived gets no flag: the group is aborted and its waits give up)
+        if (go) st_release_sys_u32(flag, epoch);
       }
     }
   }
-  if (threadIdx.x == 0 && atomicAdd(exits, 1u) == gridDim.x - 1) {
+  __shared__ u32 s_last;
+  if (threadIdx.x == 0) s_last = atomicAdd(exits, 1u) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (s_last == 0u) return;
+  if (threadIdx.x == 0) {
     // the last CTA out: nobody claims any more in this launch, zero both for the next one
     *next_part = 0;
     *exits = 0;
   }
+  ag_check_records(g, a.sync, s_epoch);  // every peer made this call (their records, pushed at their calls' start)
 }
 
 }  // namespace rawflux

@@ -29,7 +29,7 @@
 #pragma once
 #include "rawflux/comm/signal.cuh"
 #include "rawflux/comm/wait.cuh"
-#include "rawflux/fused/ag_meta.cuh"
+#include "rawflux/comm/call_record.cuh"
 #include "rawflux/fused/rs_layout.cuh"
 #include "rawflux/fused/rs_sched.cuh"
 #include "rawflux/gemm/epilogue/fragment.cuh"
@@ -171,10 +171,7 @@ struct RsEpilogue {
     const u32 e = epoch(ep);  // the word itself (finish waits for this role's done mark before advancing it)
     const bool peer = q < ep.world && q != ep.rank;
     if (blockIdx.x == 0 && peer) {
-      u32* rec = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank));
-#pragma unroll 1
-      for (int i = 1; i < kMetaWords; ++i) rec[i] = ep.record[i];
-      st_release_sys_u32(rec, e);  // release (sys): the record's words reach the peer before its tag
+      record_push(reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank)), e, ep.record);
     }
     const u32 state = scratch + state_offset<Cfg>();
     constexpr bool kCluster = Cfg::kClusterSize > 1;
@@ -246,21 +243,7 @@ struct RsEpilogue {
   // Lane q: peer q made the same call (its record, pushed at its kernel's start).
   static RAWFLUX_DEVICE bool check_record(const Params& ep, u32 e, i32 q) {
     const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmRs, e);
-    const u32* rec = reinterpret_cast<const u32*>(ep.sync + rs_record_offset(e & 1u, q));
-    if (!wait_flag_geq(rec, e, ctx, q, -1)) return false;  // acquire (sys): the record's words are visible after its tag
-    // Word 0, the tag, is e: the wait saw >= e, and no peer reaches this parity's e + 2 before
-    // this call is done (slot safety).
-#pragma unroll 1
-    for (int i = 1; i < kMetaWords; ++i) {
-      const u32 want = ep.record[i];
-      const u32 got = ld_relaxed_sys_u32(rec + i);
-      if (want != got) {
-        record_failure(ctx, kStateCallMismatch, q, i, want, got, 0, 1ull << q);
-        raise_abort(ctx);
-        return false;
-      }
-    }
-    return true;
+    return rawflux::record_check(reinterpret_cast<const u32*>(ep.sync + rs_record_offset(e & 1u, q)), e, ep.record, ctx, q);
   }
 
   // Lane q: peer q delivered consumer warpgroup c's rows of owner-local tile `tile`.

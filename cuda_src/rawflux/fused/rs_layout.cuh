@@ -25,7 +25,7 @@
 //              this rank's tile `tile` (owner-local tile row * tiles_n + tile column)
 //   Epochs only grow, so nothing is ever reset between calls (DESIGN hazard 3).
 #pragma once
-#include "rawflux/fused/ag_meta.cuh"
+#include "rawflux/comm/call_record.cuh"
 #include "rawflux/ptx/types.cuh"
 
 namespace rawflux {

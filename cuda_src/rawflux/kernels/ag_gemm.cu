@@ -1,8 +1,8 @@
 // AllGather-GEMM entries (rawflux/ops/ag_gemm.py):
 //   rawflux::gemm_kernel<GemmCfg<...>, TileSched, AgWait, LocalStore>   the GEMM, waiting per chunk
-//   rawflux::ag_local_kernel   own shard -> own gathered rows, + the call's metadata record
+//   rawflux::ag_local_kernel   the call's start: epoch, call record, own rows, arrival
 //   rawflux::ag_copy_kernel    the SM copy path (push or pull), bounded grid
-// and the metadata check shared with the other fused ops (kernels/ag_meta.cu).
+//   rawflux::ag_check_kernel   the copy-engine path's comparison of the peers' call records
 #pragma once
 
 #include "rawflux/fused/ag_gemm.cuh"
@@ -11,9 +11,14 @@
 namespace rawflux {
 
 // Any grid (the host sizes it to the shard), block 256.
-__global__ void __launch_bounds__(256) ag_local_kernel(const AgLocalArgs a, const MetaFields f) { ag_local_body(a, f); }
+__global__ void __launch_bounds__(256) ag_local_kernel(const AgLocalArgs a, const __grid_constant__ CallRecord rec) { ag_local_body(a, rec); }
 
 // grid = the SMs set aside for copying (the GEMM gets the rest), block 512.
 __global__ void __launch_bounds__(512) ag_copy_kernel(const AgCopyArgs a) { ag_copy_body(a); }
+
+// grid 1, block 64 (>= world): after ag_local_kernel, on a side stream.
+__global__ void __launch_bounds__(64) ag_check_kernel(const GroupCtrl* g, u64 sync) {
+  ag_check_records(g, sync, *ag_word(sync, kAgEpochOffset));  // the epoch: ag_local_kernel, earlier in stream order
+}
 
 }  // namespace rawflux
