@@ -469,7 +469,9 @@ def test_status_record_round_trip():
     msg = rec.message()
     assert msg.startswith("rank 3 did not signal ag_gemm #77 (flag 5) within 10.0 s (waiting rank 0; flag read 76")
     aborted = layout.StatusRecord(2, layout.OP_BARRIER, 9, 1, 3, -1, 9, 8, 5, 10, 1 << 3, 3)
-    assert "rank 1 gave up waiting in barrier #9: rank 2 timed out" in aborted.message()
+    assert "rank 1 gave up waiting in barrier #9: rank 2 gave up (" in aborted.message()
+    named = layout.StatusRecord(2, layout.OP_BARRIER, 9, 1, 3, -1, 9, 8, 5, 10, 1 << 3, 3 | (4 << 16))  # abort word: rank 2 on rank 3
+    assert "rank 1 gave up waiting in barrier #9: rank 2 gave up on rank 3 (" in named.message()
 
 
 def test_group_ctrl_is_packed_for_the_kernel(comm):
