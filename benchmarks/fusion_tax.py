@@ -17,6 +17,14 @@ misses its bar. fusion-tax.json holds the tax records of both ops (records: op, 
 dtype, fused_ms, gemm_ms, ratio, tile, same_tile_gemm_ms: rawflux.gemm on the fused kernel's
 configuration, emulated_link, link_gbps, gpu, commit, date; gemm_rs also partials); a run of
 one op keeps the other's records. ag-link-emu.json holds the emulated-link records.
+
+--tuned: tuned against untuned instead, for both ops (the gemm_rs tax, the ag_gemm tax and its
+emulated link): per point the op's own tuning candidates (op.tune_candidates(m): the heuristic's
+pick first) are timed as the tuner times them (--tune-reps calls each, interleaved) and the fastest
+is kept, as op.tune(m) keeps it; then the heuristic's pick, the tuned pick and the heuristic's pick
+again are timed afresh (--reps, interleaved). Bar: tuned <= untuned x (1 + noise), noise = max(1 %,
+twice the gap between the two heuristic timings). Records (op, world, shape, m, mode, untuned and
+tuned configs and ms, ratio, noise, candidates) go to fused-tuned.json (--tuned-json).
 """
 from __future__ import annotations
 
@@ -52,11 +60,16 @@ def main(argv=None) -> int:
     ap.add_argument("--link-gbps", type=float, default=370.0)
     ap.add_argument("--json", default=str(RESULTS / "fusion-tax.json"))
     ap.add_argument("--link-json", default=str(RESULTS / "ag-link-emu.json"))
+    ap.add_argument("--tuned", action="store_true", help="tuned against untuned (see the module docstring)")
+    ap.add_argument("--tune-reps", type=int, default=20, help="--tuned: calls per candidate in the tuning pass (op.tune's reps)")
+    ap.add_argument("--tuned-json", default=str(RESULTS / "fused-tuned.json"))
     args = ap.parse_args(argv)
     ops = args.op.split(",")
     bad = [o for o in ops if o not in ("gemm_rs", "ag_gemm")]
     if bad:
         ap.error(f"--op: {bad} (gemm_rs, ag_gemm)")
+    if args.tuned:
+        return run_tuned(args, ops)
     rows, over = [], 0
     if "gemm_rs" in ops:
         r, o = run_rs(args)
@@ -237,6 +250,112 @@ def run_ag(args):
     print(f"ag-link summary: {len(link_rows) - over_link}/{len(link_rows)} points within {AG_LINK_BAR} x max(gemm, gather) at m >= "
           f"{AG_LINK_FROM_M}" + (f", worst {max(r['ratio'] for r in link_rows):.3f}" if link_rows else ""))
     return tax_rows, over_tax + over_link
+
+
+TUNED_NOISE_MIN = 0.01
+
+
+def _tuned_point(label, cands, run, tag, nsets, args, common):
+    """One point of --tuned: the tuning pass over ``cands`` (run(j, i) makes one call of candidate
+    j on input set i), then heuristic / tuned / heuristic timed afresh."""
+    times = bench_many([lambda i, j=j: run(j, i) for j in range(len(cands))], nsets, args.tune_reps)
+    best = min(range(len(cands)), key=lambda j: times[j])
+    h, t, h2 = bench_many([lambda i: run(0, i), lambda i: run(best, i), lambda i: run(0, i)], nsets, args.reps)
+    noise = max(TUNED_NOISE_MIN, 2 * abs(h2 / h - 1))
+    ratio = t / h
+    ok = ratio <= 1 + noise
+    print(f"fused-tuned {label}: untuned {h * 1e3:8.1f} us {tag(cands[0])}  tuned {t * 1e3:8.1f} us {tag(cands[best])}  "
+          f"ratio {ratio:.3f} (noise {noise:.3f}) {'ok' if ok else 'SLOWER'}  [{len(cands)} candidates]", flush=True)
+    return common | {"untuned_config": tag(cands[0]), "tuned_config": tag(cands[best]), "untuned_ms": h, "tuned_ms": t,
+                     "ratio": ratio, "noise": noise, "candidates": [tag(c) for c in cands], "candidate_ms": times}, ok
+
+
+def run_tuned(args, ops) -> int:
+    """--tuned (see the module docstring)."""
+    import cupy
+    import torch
+
+    from rawflux.bench.ag_local import AgLocal
+    from rawflux.bench.rs_local import local_world
+
+    gpu, commit = _gpu_commit()
+    today = datetime.date.today().isoformat()
+    rows, bad = [], 0
+    worlds = [int(x) for x in args.worlds.split(",")]
+    ms = [int(x) for x in args.ms.split(",")]
+    s = torch.cuda.current_stream().cuda_stream
+    if "gemm_rs" in ops:
+        shapes = SHAPES if args.shapes == "all" else [x for x in SHAPES if x[0] in args.shapes.split(",")]
+        for W in worlds:
+            for name, n, k_all in shapes:
+                k = k_all // W
+                for m in ms:
+                    probe = local_world(W, m, n, k, "bf16", partials=args.partials, tax=True)
+                    cands = probe.tune_candidates(m)
+                    del probe
+                    ops_c = [local_world(W, m, n, k, "bf16", partials=args.partials, config=c, tax=True) for c in cands]
+                    for o in ops_c:
+                        o.preset(m)
+                    nsets = max(2, min(16, 4 * L2_BYTES // ((m * k + n * k) * 2) + 1))
+                    a = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                    b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                    out = torch.empty(m // W, n, device="cuda", dtype=torch.bfloat16)
+
+                    def run(j, i):
+                        ops_c[j](a[i], b[i], out=out, stream=s)
+
+                    common = {"op": "gemm_rs", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16", "mode": "tax",
+                              "emulated_link": False, "gpu": gpu, "commit": commit, "date": today}
+                    row, ok = _tuned_point(f"gemm_rs W={W} {name} m={m} tax", cands, run, lambda c: c.tag(), nsets, args, common)
+                    torch.cuda.synchronize()
+                    if any(o.failed() for o in ops_c):
+                        raise RuntimeError("gemm_rs: a fused kernel reported a device-side failure")
+                    rows.append(row)
+                    bad += not ok
+                    del ops_c, a, b, out
+                    torch.cuda.empty_cache()
+    if "ag_gemm" in ops:
+        shapes = AG_SHAPES if args.shapes == "all" else [x for x in AG_SHAPES if x[0] in args.shapes.split(",")]
+        G = args.link_gbps
+        for W in worlds:
+            for name, n_all, k in shapes:
+                n = n_all // W
+                for m in ms:
+                    ag = AgLocal(W, m, n, k, "bf16")
+                    gath = torch.as_tensor(ag.gathered(m).view(cupy.int16), device="cuda").view(torch.bfloat16)
+                    gath.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+                    shard = gath[: m // W].clone()
+                    nsets = max(2, min(16, 4 * L2_BYTES // (n * k * 2) + 1))
+                    b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                    bases = ag.op.tune_candidates(m)
+                    for mode in ("tax", "link"):
+                        cands = [ag.config(m, link=mode == "link", base=c) for c in bases]
+
+                        def run(j, i, mode=mode, cands=cands):
+                            if mode == "tax":
+                                ag.tax(b[i], out, m, s, cands[j])
+                            else:
+                                ag.link(shard, b[i], out, m, G, s, cands[j])
+
+                        common = {"op": "ag_gemm", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16", "mode": mode,
+                                  "emulated_link": mode == "link", "link_gbps": G if mode == "link" else None, "gpu": gpu,
+                                  "commit": commit, "date": today}
+                        row, ok = _tuned_point(f"ag_gemm W={W} {name} m={m} {mode}", cands, run, lambda c: c.tag(), nsets, args, common)
+                        rows.append(row)
+                        bad += not ok
+                    torch.cuda.synchronize()
+                    if ag.failed():
+                        raise RuntimeError("ag_gemm: the emulated call reported a device-side failure")
+                    del ag, gath, shard, b, out
+                    torch.cuda.empty_cache()
+    path = Path(args.tuned_json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": "fused-tuned", "noise_min": TUNED_NOISE_MIN, "rows": rows}, indent=1) + "\n")
+    changed = sum(r["tuned_config"] != r["untuned_config"] for r in rows)
+    print(f"fused-tuned summary: {len(rows) - bad}/{len(rows)} points tuned within noise of untuned or faster; the tuner changed the "
+          f"pick at {changed}" + (f", best ratio {min(r['ratio'] for r in rows):.3f}" if rows else ""))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
