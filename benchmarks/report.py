@@ -39,7 +39,7 @@ BAR_BIG_MIN, BAR_BIG_MEDIAN, BAR_SMALL_MIN = 0.95, 1.00, 0.90
 
 def load(results: Path = RESULTS) -> dict:
     """{"gemm": (file name, rows) or None, "bench": [(file name, meta, records)], "other": [names]}."""
-    gemms, bench, other, tax, link, host = [], [], [], None, None, None
+    gemms, bench, other, tax, link, host, tuned = [], [], [], None, None, None, None
     for p in sorted(results.glob("*.json")):
         d = json.loads(p.read_text())
         if isinstance(d, dict) and d.get("kind") == "fusion-tax":
@@ -48,6 +48,8 @@ def load(results: Path = RESULTS) -> dict:
             link = (p.name, d)
         elif isinstance(d, dict) and d.get("kind") == "host-cost":
             host = (p.name, d)
+        elif isinstance(d, dict) and d.get("kind") == "fused-tuned":
+            tuned = (p.name, d)
         elif isinstance(d, dict) and "rows" in d:
             gemms.append((max((r.get("date", "") for r in d["rows"]), default=""), p.name, d["rows"]))
         elif isinstance(d, dict) and d.get("schema") == SCHEMA:
@@ -56,7 +58,7 @@ def load(results: Path = RESULTS) -> dict:
             other.append(p.name)
     gemm = max(gemms, key=lambda g: (g[0], g[1]))[1:] if gemms else None
     return {"gemm": gemm, "bench": bench, "other": other, "old_gemm": [g[1] for g in gemms if gemm and g[1] != gemm[0]], "tax": tax,
-            "link": link, "host": host}
+            "link": link, "host": host, "tuned": tuned}
 
 
 def _run_date(records) -> str:
@@ -132,10 +134,10 @@ METHOD = """\
 - Device time: a delay kernel holds the stream while the host queues the timed calls; the fused
   ops' ranks start each region together at a device barrier.
 - Every competitor in the same run (the GEMM's interleaved call by call); only ratios within one run
-  are compared (the H200's 700 W cap makes its clock drift between runs).
+  are compared (the H200's power cap makes its clock drift).
 - GEMM ratio: rawflux TFLOP/s over the faster of torch.matmul and cupy.matmul (cuBLAS) at that point.
   Fused-op speedup: the best non-overlapped time (NCCL + cuBLAS, or IPC copy + cuBLAS) over the
-  implementation's time, above 1 faster. Two runs of one build differ by ~0.3 % on the GEMM median.
+  implementation's time, above 1 faster. Two runs of one build: ~0.3 % apart on the GEMM median.
 """
 
 
@@ -211,15 +213,19 @@ def _command(meta: dict, world: int, emulated: bool) -> str:
     return f"rawflux-launch {mode} -m rawflux.bench {' '.join(args)}".strip()
 
 
-def _sources(names, bench) -> list[str]:
+def _sources(names, bench, short: bool = False) -> list[str]:
+    """A line per run file (its machine is the header's); short: its commit, date and command only."""
     meta = {name: (m, recs) for name, m, recs in bench}
     lines = []
     for name in sorted(set(names), key=lambda n: (_run_date(meta[n][1]), n)):
         m, recs = meta[name]
         r0 = recs[0]
         commits = ", ".join(sorted({_short_commit(r["commit"]) for r in recs}))
-        lines.append(f"- `benchmarks/results/{name}`: commit {commits}, {_run_date(recs)[:10]}, {r0['gpu']}, driver {r0['driver']},"
-                     f" {r0['iters']} timed of {r0['warmup']} warm-up; `{_command(m, r0['world'], r0['emulated'])}`")
+        if short:
+            lines.append(f"- `{name}` ({commits}, {_run_date(recs)[:10]}): `{_command(m, r0['world'], r0['emulated'])}`")
+            continue
+        lines.append(f"- `benchmarks/results/{name}`: commit {commits}, {_run_date(recs)[:10]}, {r0['iters']} timed of {r0['warmup']} "
+                     f"warm-up; `{_command(m, r0['world'], r0['emulated'])}`")
     return lines
 
 
@@ -366,8 +372,9 @@ def emulated_section(cur, bench) -> list[str]:
              "**SINGLE-GPU EMULATION, NOT MULTI-GPU RESULTS.** W ranks share one GPU under MPS, each capped at 1/W of its",
              "SMs, and the \"communication\" is copies inside one GPU's memory: there is no link to hide. These runs only",
              f"show that {', '.join(sorted(ops))} run at W = {', '.join(map(str, sorted(worlds)))} on the benchmark's shapes; their",
-             "times are in the JSON, not here (the link emulator below is the one-GPU measure of overlap).", "", "Runs:"]
-            + _sources(names, bench) + [""])
+             "times are in the JSON, not here (the link emulator is the one-GPU measure of overlap).", "",
+             "Runs (under `benchmarks/results/`):"]
+            + _sources(names, bench, short=True) + [""])
 
 
 def _by_m(rows, cell, nk: bool = True) -> tuple[list, list]:
@@ -448,6 +455,21 @@ def host_section(host) -> list[str]:
         ["", f"{sum(r['bar_us'] is not None for r in rows) - over} of {sum(r['bar_us'] is not None for r in rows)} within the bar.", ""]
 
 
+def tuned_section(tuned) -> list[str]:
+    """One line per (op, mode): points within noise, picks the tuner changed, the ratios."""
+    name, d = tuned
+    rows = d["rows"]
+    lines = ["## Fused ops tuned against untuned (one GPU)", "",
+             f"{_stamp(name, rows)} `python benchmarks/fusion_tax.py --tuned`: tuned / untuned time per point.", ""]
+    table = []
+    for op, mode in sorted({(r["op"], r["mode"]) for r in rows}):
+        rs = [r for r in rows if (r["op"], r["mode"]) == (op, mode)]
+        ok = sum(r["ratio"] <= 1 + r["noise"] for r in rs)
+        changed = sum(r["tuned_config"] != r["untuned_config"] for r in rs)
+        table.append([f"{op} {mode}", f"{ok}/{len(rs)}", str(changed), _f(min(r["ratio"] for r in rs)), _f(max(r["ratio"] for r in rs))])
+    return lines + _table(["op", "within noise", "pick changed", "best", "worst"], table) + [""]
+
+
 def render(results: Path = RESULTS) -> str:
     data = load(results)
     cur = current_rows(data["bench"])
@@ -465,6 +487,8 @@ def render(results: Path = RESULTS) -> str:
         out += tax_section(data["tax"], data["link"])
     if data["host"]:
         out += host_section(data["host"])
+    if data["tuned"]:
+        out += tuned_section(data["tuned"])
     if any(not emu and op in ("ag_gemm", "gemm_rs") for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])
