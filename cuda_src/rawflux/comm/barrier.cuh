@@ -75,7 +75,7 @@ RAWFLUX_DEVICE bool group_barrier_cta(const GroupCtrl* g) {
     const WaitCtx c = make_wait_ctx(g, kOpBarrier, epoch);
     const u32 state = (code & 1u) ? kStateTimeout : kStateAborted;
     record_failure(c, state, first_late, -1, epoch, first_seen, globaltimer_ns() - s_start, late);
-    if (state == kStateTimeout) raise_abort(c, first_late);
+    if (state == kStateTimeout) raise_abort(c);
   }
   return code == 0;
 }

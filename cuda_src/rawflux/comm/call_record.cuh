@@ -48,7 +48,7 @@ RAWFLUX_DEVICE bool record_check(const u32* slot, u32 e, const Rec& want, const 
     const u32 got = ld_relaxed_sys_u32(slot + i);
     if (w != got) {
       record_failure(ctx, kStateCallMismatch, q, i, w, got, 0, 1ull << q);
-      raise_abort(ctx, q);
+      raise_abort(ctx);
       return false;
     }
   }

@@ -98,8 +98,12 @@ RAWFLUX_DEVICE void record_failure(const WaitCtx& c, u32 state, i32 peer, i32 in
 }
 
 // Tell every rank (this one included) to stop waiting: each abort word gets rank + 1 in its low
-// half and, when known, the rank this one gave up on (late + 1) in its high half.
-RAWFLUX_DEVICE void raise_abort(const WaitCtx& c, int late = -1) {
+// half and, when this rank's error record is written, its peer + 1 (the rank given up on) in its
+// high half. Read back from the record, not passed in: a live argument spilled a GEMM-RS role.
+RAWFLUX_DEVICE void raise_abort(const WaitCtx& c) {
+  // acquire (sys): the record's fields, written before its state
+  const bool recorded = ld_acquire_sys_u32(&c.status->state) != kStateOk;
+  const i32 late = recorded ? static_cast<i32>(ld_relaxed_sys_u32(reinterpret_cast<const u32*>(&c.status->peer))) : -1;
   const u32 word = static_cast<u32>(c.rank + 1) | (late >= 0 && late < kMaxWorld ? static_cast<u32>(late + 1) << 16 : 0u);
   for (int q = 0; q < c.world; ++q) {
     u32* abort = reinterpret_cast<u32*>(c.ctrl_peers[q] + kCtrlAbortOffset);
@@ -117,7 +121,7 @@ RAWFLUX_DEVICE bool wait_flag_geq(const u32* flag, u32 target, const WaitCtx& c,
   const u64 late = (peer >= 0 && peer < kMaxWorld) ? (1ull << peer) : 0ull;
   record_failure(c, r.code == kWaitTimeout ? kStateTimeout : kStateAborted, peer, index, target,
                  r.observed, r.elapsed_ns, late);
-  if (r.code == kWaitTimeout) raise_abort(c, peer);
+  if (r.code == kWaitTimeout) raise_abort(c);
   return false;
 }
 

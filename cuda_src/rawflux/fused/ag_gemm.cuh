@@ -84,7 +84,7 @@ RAWFLUX_DEVICE void ag_wait_chunk(const Params& pp, i32 q) {
       WaitCtx c = make_wait_ctx(g, kOpAgGemm, epoch);
       c.timeout_ns = bound;
       record_failure(c, aborted ? kStateAborted : kStateTimeout, q, q, epoch, v, elapsed, q < kMaxWorld ? 1ull << q : 0ull);
-      if (!aborted) raise_abort(c, q);
+      if (!aborted) raise_abort(c);
       return;
     }
     if (spins > 4096) nanosleep_ns(256);  // a long wait leaves memory bandwidth to the peers' producers
