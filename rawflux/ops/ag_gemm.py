@@ -733,7 +733,9 @@ class AGGemm(CollectiveOp):
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
 
     def _launch_check(self, s: int) -> None:
-        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, (struct.pack("<QQ", self.group_ctrl_ptr, self._sync.ptr),))
+        # two kernel parameters (the GroupCtrl pointer, the sync buffer), one argument each
+        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s,
+                      (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr)))
 
     def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed

@@ -551,7 +551,8 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         assert op.reserved_sms == (direction == "pull")
         assert op.last_config.ctas == 131 if direction == "pull" else op.last_config.ctas in (0, 132)  # 0: every SM
         check = next(e for e in log if e[0] == "launch" and e[1] == "ag_check_kernel")
-        assert check[2] == sides[0] and struct.unpack("<QQ", check[4][0]) == (op.group_ctrl_ptr, sync.ptr)
+        # one argument per kernel parameter (ag_check_kernel(const GroupCtrl*, u64 sync))
+        assert check[2] == sides[0] and [struct.unpack("<Q", x)[0] for x in check[4]] == [op.group_ctrl_ptr, sync.ptr]
         # fork after the call's start, join (main waits for every side) at the end
         assert kinds.index("record") > kinds.index("ag_local_kernel")
         waits = [e for e in log if e[0] == "wait"]
