@@ -154,15 +154,32 @@ def run_rs(args):
     return rows, over
 
 
+def _ag_point(W: int, m: int, n: int, k: int):
+    """One ag_gemm point of the one-GPU harness: (AgLocal, the gathered A filled with random rows,
+    rank 0's shard of it, input sets, B sets rotated over more than 4x L2, the output)."""
+    import cupy
+    import torch
+
+    from rawflux.bench.ag_local import AgLocal
+
+    ag = AgLocal(W, m, n, k, "bf16")
+    gath = torch.as_tensor(ag.gathered(m).view(cupy.int16), device="cuda").view(torch.bfloat16)  # the op's buffer
+    gath.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
+    shard = gath[: m // W].clone()  # rank 0's rows: a link call copies them back in place
+    nsets = max(2, min(16, 4 * L2_BYTES // (n * k * 2) + 1))
+    b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    return ag, gath, shard, nsets, b, out
+
+
 def run_ag(args):
     """ag_gemm's tax and emulated-link points (see the module docstring)."""
     from dataclasses import replace
 
-    import cupy
     import torch
 
     import rawflux
-    from rawflux.bench.ag_local import AgLocal, t_gather_ms
+    from rawflux.bench.ag_local import t_gather_ms
 
     gpu, commit = _gpu_commit()
     G = args.link_gbps
@@ -173,14 +190,7 @@ def run_ag(args):
         for name, n_all, k in shapes:
             n = n_all // W
             for m in [int(x) for x in args.ms.split(",")]:
-                ag = AgLocal(W, m, n, k, "bf16")
-                m_loc = m // W
-                gath = torch.as_tensor(ag.gathered(m).view(cupy.int16), device="cuda").view(torch.bfloat16)  # the op's buffer
-                gath.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
-                shard = gath[:m_loc].clone()  # rank 0's rows: a link call copies them back in place
-                nsets = max(2, min(16, 4 * L2_BYTES // (n * k * 2) + 1))
-                b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                ag, gath, shard, nsets, b, out = _ag_point(W, m, n, k)
                 full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 s = torch.cuda.current_stream().cuda_stream
                 cfg_tax, cfg_link = ag.config(m), ag.config(m, link=True)
@@ -272,10 +282,8 @@ def _tuned_point(label, cands, run, tag, nsets, args, common):
 
 def run_tuned(args, ops) -> int:
     """--tuned (see the module docstring)."""
-    import cupy
     import torch
 
-    from rawflux.bench.ag_local import AgLocal
     from rawflux.bench.rs_local import local_world
 
     gpu, commit = _gpu_commit()
@@ -321,13 +329,7 @@ def run_tuned(args, ops) -> int:
             for name, n_all, k in shapes:
                 n = n_all // W
                 for m in ms:
-                    ag = AgLocal(W, m, n, k, "bf16")
-                    gath = torch.as_tensor(ag.gathered(m).view(cupy.int16), device="cuda").view(torch.bfloat16)
-                    gath.copy_(torch.randn(m, k, device="cuda").to(torch.bfloat16))
-                    shard = gath[: m // W].clone()
-                    nsets = max(2, min(16, 4 * L2_BYTES // (n * k * 2) + 1))
-                    b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-                    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                    ag, gath, shard, nsets, b, out = _ag_point(W, m, n, k)
                     bases = ag.op.tune_candidates(m)
                     for mode in ("tax", "link"):
                         cands = [ag.config(m, link=mode == "link", base=c) for c in bases]

@@ -75,7 +75,7 @@ from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpa
 from ..tune import GemmConfig
 from ..tune.ag_order import chunk_span, rotation
 from .gemm import gemm
-from ._collective import DTYPE_CODE, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
            "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation"]
@@ -105,7 +105,7 @@ LOCAL_ARRIVE_LATE, LOCAL_GATE = 1, 2  # kAgArriveLate, kAgGate
 EPOCH_OFFSET, LOCAL_DONE_OFFSET, ARRIVE_OFFSET = 0, 64, 128
 READY_OFFSET = ARRIVE_OFFSET + 4 * MAX_WORLD
 RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD
-SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * 64
+SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * META_SLOT_BYTES
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
 engine.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES)
@@ -446,7 +446,6 @@ class AGGemm(CollectiveOp):
             self.reserved_sms = 1  # the 4-byte flag copies run one small kernel at a time
         self._gath = self._sync = None
         self._counters = None
-        self._schedule: tuple[Step, ...] | None = None  # schedule() of this op's calls, made at the first
         if world > 1:
             self._gath = self.symmetric(self.max_m * self.row_bytes, "gathered")
             self._sync = self.symmetric(SYNC_BYTES, "sync")  # epoch, arrivals, ready flags, call records
@@ -460,6 +459,10 @@ class AGGemm(CollectiveOp):
             # Load every small kernel now: never compile or load inside a graph capture.
             self.kernel(KERNEL_FILE, LOCAL_KERNEL)
             self.kernel(KERNEL_FILE, COPY_KERNEL if copy == "sm" else CHECK_KERNEL)
+            # per-op constants of every call: its steps, the start kernel's flags, the check's arguments
+            self._schedule = tuple(schedule(direction, copy, self.rank, world, max(1, sides)))
+            self._local_flags = (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if copy == "ce" else 0)
+            self._check_args = (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr))  # one per parameter
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     # --- sizes ----------------------------------------------------------------------------------
@@ -680,8 +683,6 @@ class AGGemm(CollectiveOp):
         chunk = self.chunk_bytes(m_loc)
         gath, sync = self._gath, self._sync
         sides: list[int] = []
-        if self._schedule is None:
-            self._schedule = tuple(schedule(self.direction, self.copy, rank, world, max(1, len(self._streams))))
         for st in self._schedule:
             kind = st.kind
             if kind == "local":
@@ -721,7 +722,7 @@ class AGGemm(CollectiveOp):
         grid = max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
         if flags is None:
-            flags = (LOCAL_ARRIVE_LATE if self.direction == "pull" else 0) | (LOCAL_GATE if self.copy == "ce" else 0)
+            flags = self._local_flags
         args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc, row_vecs,
                                   flags, 0)
         # the engine's lean path (launch config cached, one argument block per thread)
@@ -733,9 +734,7 @@ class AGGemm(CollectiveOp):
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
 
     def _launch_check(self, s: int) -> None:
-        # two kernel parameters (the GroupCtrl pointer, the sync buffer), one argument each
-        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s,
-                      (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr)))
+        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, self._check_args)
 
     def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed

@@ -125,6 +125,33 @@ RAWFLUX_DEVICE bool wait_flag_geq(const u32* flag, u32 target, const WaitCtx& c,
   return false;
 }
 
+// wait_flag_geq for a thread short of registers (a GEMM's 40-register producer): the same bounded
+// wait and record, but only the flag, the target and the clock live across the poll; the group's
+// abort word and timeout are read from `g` 1 in 16 polls and the WaitCtx is built only on a
+// failure. The bound is the group's timeout x quarters / 4.
+RAWFLUX_DEVICE void wait_flag_geq_lean(const u32* flag, u32 target, const GroupCtrl* g, u32 op, int peer, int index, u32 quarters) {
+  const u64 start = globaltimer_ns();
+  for (u32 spins = 1;; ++spins) {
+    // acquire (sys): the signalling rank's writes before its release of this flag are visible
+    // to this thread once the value is seen
+    const u32 v = ld_acquire_sys_u32(flag);
+    if (seq_geq(v, target)) return;
+    if ((spins & 15u) != 0) continue;
+    const u64 elapsed = globaltimer_ns() - start;
+    const bool aborted = ld_relaxed_sys_u32(ctrl_word(g, g->rank, kCtrlAbortOffset)) != 0;
+    const u64 bound = g->timeout_ns / 4 * quarters;
+    if (aborted || elapsed > bound) {
+      WaitCtx c = make_wait_ctx(g, op, target);
+      c.timeout_ns = bound;
+      record_failure(c, aborted ? kStateAborted : kStateTimeout, peer, index, target, v, elapsed,
+                     (peer >= 0 && peer < kMaxWorld) ? (1ull << peer) : 0ull);
+      if (!aborted) raise_abort(c);
+      return;
+    }
+    if (spins > 4096) nanosleep_ns(256);  // back off once the wait is long (as poll_flag_geq)
+  }
+}
+
 // CTA-wide form: thread 0 waits, then the whole CTA learns the outcome at a CTA barrier, which
 // also orders the other threads' reads of the peer's data after thread 0's acquire. Every thread
 // of the CTA must call it.

@@ -60,37 +60,6 @@ RAWFLUX_DEVICE void ag_chunk_span(i32 m0, i32 rows, i32 m_local, i32& first, i32
 // ------------------------------------------------------------------------------------------
 // prologue policy
 
-// The producer's bounded wait for chunk q's flag >= epoch, lean on registers (the producer runs in
-// 40): only the flag, the target and the clock live across the poll; the group's words are read
-// 1 in 16 polls, the error record built only on a failure. Its bound is a quarter longer than the
-// copies' arrival waits, so a rank that never made the call is named by an arrival wait, not by the
-// chunk a waiting peer holds back.
-template <class Params>
-RAWFLUX_DEVICE void ag_wait_chunk(const Params& pp, i32 q) {
-  const u32* flag = reinterpret_cast<const u32*>(pp.ready) + q;
-  const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);  // this call's epoch: ag_local_kernel wrote it earlier in stream order
-  const u64 start = globaltimer_ns();
-  for (u32 spins = 1;; ++spins) {
-    // acquire (sys): the chunk's bytes, written by the copy engine or peer SMs before the flag,
-    // are visible to this thread once it reads the call's epoch
-    const u32 v = ld_acquire_sys_u32(flag);
-    if (seq_geq(v, epoch)) return;
-    if ((spins & 15u) != 0) continue;
-    const GroupCtrl* g = reinterpret_cast<const GroupCtrl*>(pp.group_ctrl);
-    const u64 elapsed = globaltimer_ns() - start;
-    const bool aborted = ld_relaxed_sys_u32(ctrl_word(g, g->rank, kCtrlAbortOffset)) != 0;
-    const u64 bound = g->timeout_ns + g->timeout_ns / 4;
-    if (aborted || elapsed > bound) {
-      WaitCtx c = make_wait_ctx(g, kOpAgGemm, epoch);
-      c.timeout_ns = bound;
-      record_failure(c, aborted ? kStateAborted : kStateTimeout, q, q, epoch, v, elapsed, q < kMaxWorld ? 1ull << q : 0ull);
-      if (!aborted) raise_abort(c);
-      return;
-    }
-    if (spins > 4096) nanosleep_ns(256);  // a long wait leaves memory bandwidth to the peers' producers
-  }
-}
-
 struct AgWait {
   struct Params {
     u64 group_ctrl;  // const GroupCtrl* of this rank (timeout, status record, abort word)
@@ -117,7 +86,13 @@ struct AgWait {
     for (i32 q = first; q <= last; ++q) {
       if (q == pp.rank) continue;
       waited = true;
-      ag_wait_chunk(pp, q);
+      // acquire (sys), bounded: the chunk's bytes, written by the copy engine or peer SMs before
+      // the flag, are visible once it holds this call's epoch (ag_local_kernel wrote the epoch
+      // earlier in stream order). Five quarters of the group's timeout: a rank that never made
+      // the call is then named by a copy's arrival wait, not by a chunk a waiting peer holds back.
+      const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
+      wait_flag_geq_lean(reinterpret_cast<const u32*>(pp.ready) + q, epoch, reinterpret_cast<const GroupCtrl*>(pp.group_ctrl),
+                         kOpAgGemm, q, q, 5);
     }
     // proxy fence: the TMA loads that follow (async proxy) must see the rows acquired above,
     // which reached memory through the generic proxy (peer SM stores / copy engine)
