@@ -360,6 +360,7 @@ def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512)
     out = poisoned((m, n))
     bad_out = cp.zeros(replays, dtype=cp.int32)
     bad_gath = cp.zeros(replays, dtype=cp.int32)
+    cp.cuda.get_current_stream().synchronize()  # made on CuPy's current stream; the calls run on ctx.stream
     s = ctx.stream
     with s:
         op(a_in, b, out=out, stream=s)  # warm-up: kernels compiled and loaded, plans cached
@@ -415,7 +416,9 @@ def check_torch_stream(ctx: Ctx, direction, copy, calls=20, m_loc=192, n=256, k=
             del a
             junk = torch.full((m_loc, k), float("nan"), device=dev, dtype=torch.bfloat16)  # likely a_shard's block, on ts
             ts.synchronize()
-            ref = ctx.gemm(full_a(seed, ctx.world, m_loc, k), b_cp, "nk", None, op.last_config)
+            full = full_a(seed, ctx.world, m_loc, k)  # on CuPy's current stream (the legacy one), as b_cp
+            cp.cuda.get_current_stream().synchronize()  # the reference GEMM runs on ctx.stream, which does not wait for it
+            ref = ctx.gemm(full, b_cp, "nk", None, op.last_config)
             ctx.stream.synchronize()
             got = cp.from_dlpack(out.view(torch.int16)).view(cp.uint16)
             if int(cp.count_nonzero(got != bits(ref))):

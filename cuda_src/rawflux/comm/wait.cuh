@@ -101,8 +101,15 @@ RAWFLUX_DEVICE void record_failure(const WaitCtx& c, u32 state, i32 peer, i32 in
 // half and, when this rank's error record is written, its peer + 1 (the rank given up on) in its
 // high half. Read back from the record, not passed in: a live argument spilled a GEMM-RS role.
 RAWFLUX_DEVICE void raise_abort(const WaitCtx& c) {
-  // acquire (sys): the record's fields, written before its state
-  const bool recorded = ld_acquire_sys_u32(&c.status->state) != kStateOk;
+  // Another thread of this rank may have claimed the record and not yet written it (copy CTAs
+  // time out together): give it a bounded moment, or the word would name no rank.
+  bool recorded = false;
+  for (int tries = 0; tries < 64; ++tries) {
+    // acquire (sys): the record's fields, written before its state
+    recorded = ld_acquire_sys_u32(&c.status->state) != kStateOk;
+    if (recorded) break;
+    nanosleep_ns(1000);
+  }
   const i32 late = recorded ? static_cast<i32>(ld_relaxed_sys_u32(reinterpret_cast<const u32*>(&c.status->peer))) : -1;
   const u32 word = static_cast<u32>(c.rank + 1) | (late >= 0 && late < kMaxWorld ? static_cast<u32>(late + 1) << 16 : 0u);
   for (int q = 0; q < c.world; ++q) {
