@@ -20,8 +20,8 @@ one op keeps the other's records. ag-link-emu.json holds the emulated-link recor
 
 --tuned: tuned against untuned instead, for both ops (the gemm_rs tax, the ag_gemm tax and its
 emulated link): per point the op's own tuning candidates (op.tune_candidates(m): the heuristic's
-pick first) are timed as the tuner times them (--tune-reps calls each, interleaved) and the fastest
-is kept, as op.tune(m) keeps it; then the heuristic's pick, the tuned pick and the heuristic's pick
+pick first) are timed as the tuner times them (--tune-reps calls each, interleaved) and op.tune(m)'s
+rule keeps one (the fastest, unless within 1 % of the heuristic's pick); then the heuristic's pick, the tuned pick and the heuristic's pick
 again are timed afresh (--reps, interleaved). Bar: tuned <= untuned x (1 + noise), noise = max(1 %,
 twice the gap between the two heuristic timings). Records (op, world, shape, m, mode, untuned and
 tuned configs and ms, ratio, noise, candidates) go to fused-tuned.json (--tuned-json).
@@ -268,8 +268,10 @@ TUNED_NOISE_MIN = 0.01
 def _tuned_point(label, cands, run, tag, nsets, args, common):
     """One point of --tuned: the tuning pass over ``cands`` (run(j, i) makes one call of candidate
     j on input set i), then heuristic / tuned / heuristic timed afresh."""
+    from rawflux.tune.collective import pick
+
     times = bench_many([lambda i, j=j: run(j, i) for j in range(len(cands))], nsets, args.tune_reps)
-    best = min(range(len(cands)), key=lambda j: times[j])
+    best = pick(times)  # op.tune's rule: the fastest, unless within the margin of the heuristic's pick
     h, t, h2 = bench_many([lambda i: run(0, i), lambda i: run(best, i), lambda i: run(0, i)], nsets, args.reps)
     noise = max(TUNED_NOISE_MIN, 2 * abs(h2 / h - 1))
     ratio = t / h

@@ -42,6 +42,7 @@ from .. import env
 from ..dist import CallMismatch, CollectiveTimeout, DistError, register_failure_describer
 from ..dist.layout import OP_NAMES, OP_NONE, STATE_CALL_MISMATCH, STATE_OK
 from ..jit import get_kernel
+from ..jit.faults import raise_if_lost
 from ..runtime import DType, fastpath
 
 META_WORDS = 16  # kMetaWords (comm/call_record.cuh)
@@ -342,7 +343,7 @@ class CollectiveOp:
                                           budget_s=budget, stream=stream, label=label, what=f"m={m} n={self.n} k={self.k}")
         self._use_config(m, best)
         self.last_tune = rows
-        won = min(rows, key=lambda r: r.slowest_us)
+        won = next(r for r in rows if r.label == label(best))
         # every rank writes the same entry (merged, so ranks sharing a cache folder lose nothing)
         tune.fused_store().put(self._tune_id(m), {"config": best.to_json(), "us": won.slowest_us, "table": format_rows(rows, label(best))})
         if self._agreed is not None:
@@ -499,8 +500,12 @@ class CollectiveOp:
 
         from cupy.cuda import runtime
 
-        with self._device():
-            runtime.streamSynchronize(resolve_stream(stream))
+        try:
+            with self._device():
+                runtime.streamSynchronize(resolve_stream(stream))
+        except runtime.CUDARuntimeError as e:
+            raise_if_lost(e, f"{self.OP_NAME}.synchronize", self.group.failure_detail() if self.world > 1 else "")
+            raise
         self.raise_if_failed()
 
     def barrier(self, stream: int) -> None:

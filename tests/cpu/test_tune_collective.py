@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rawflux.tune.collective import decide, format_rows
+from rawflux.tune.collective import MARGIN, decide, format_rows, pick
 
 
 class Exchange:
@@ -60,7 +60,9 @@ def test_noisy_ranks_make_one_choice_the_slowest_ranks(seed):
     got = run(world, lambda r, g: decide(cands, lambda c: table[r][c], g, budget_s=60))
     winners = {best for best, _ in got}
     assert len(winners) == 1
-    want = min(cands, key=lambda c: max(table[r][c] for r in range(world)))
+    slowest = [max(table[r][c] for r in range(world)) for c in cands]
+    fastest = min(range(len(cands)), key=lambda j: slowest[j])
+    want = cands[fastest] if slowest[fastest] < slowest[0] * (1 - MARGIN) else cands[0]
     assert winners == {want}
     rows = got[0][1]
     assert [row.label for row in rows] == cands
@@ -79,6 +81,19 @@ def test_a_tie_keeps_the_earlier_candidate():
     assert got == ["default", "default"]
 
 
+def test_a_gain_inside_the_margin_keeps_the_default():
+    times = {"default": 100.0, "close": 99.5, "far": 97.0}
+    got = run(2, lambda r, g: decide(["default", "close"], lambda c: times[c], g, budget_s=60)[0])
+    assert got == ["default", "default"]
+    got = run(2, lambda r, g: decide(["default", "close", "far"], lambda c: times[c], g, budget_s=60)[0])
+    assert got == ["far", "far"]
+    got = run(2, lambda r, g: decide(["default", "close"], lambda c: times[c], g, budget_s=60, margin=0.0)[0])
+    assert got == ["close", "close"]
+    assert pick([10.0, 9.95, 9.95]) == 0 and pick([10.0, 9.0, 9.0]) == 1 and pick([10.0, 11.0]) == 0
+    with pytest.raises(ValueError, match="margin"):
+        decide(["a"], lambda c: 1.0, lambda x: [x], budget_s=1, margin=1.0)
+
+
 def test_the_budget_stops_every_rank_after_the_same_candidate():
     """Rank 1's clock runs slow (each timing takes longer there): the stop follows the slowest
     rank's elapsed time, so both ranks time the same candidates and agree."""
@@ -89,7 +104,7 @@ def test_the_budget_stops_every_rank_after_the_same_candidate():
         def time_us(c):
             timed[r].append(c)
             time.sleep(0.05 if r == 1 else 0.001)
-            return 100.0 - c  # later candidates are faster: a budget stop changes the answer
+            return 100.0 - 5 * c  # later candidates are clearly faster: a budget stop changes the answer
         return decide(cands, time_us, g, budget_s=0.2)
 
     got = run(2, fn)
