@@ -14,6 +14,7 @@ See README.md and docs/ARCHITECTURE.md.
 from ._version import __version__
 from . import env
 from .dist import CallMismatch, CollectiveTimeout, DistError, Group, current_group, finalize, init
+from .jit.faults import KernelFault
 from .runtime import CudaUnavailable
 from .ops.gemm import gemm
 from .ops.ag_gemm import AGGemm, ag_gemm
@@ -22,6 +23,6 @@ from . import baseline
 from . import nn  # imports no framework: its torch modules load on first use
 
 __all__ = [
-    "AGGemm", "CallMismatch", "CollectiveTimeout", "CudaUnavailable", "DistError", "GemmRS", "Group", "__version__", "ag_gemm", "baseline",
-    "current_group", "env", "finalize", "gemm", "gemm_rs", "init", "nn",
+    "AGGemm", "CallMismatch", "CollectiveTimeout", "CudaUnavailable", "DistError", "GemmRS", "Group", "KernelFault", "__version__", "ag_gemm",
+    "baseline", "current_group", "env", "finalize", "gemm", "gemm_rs", "init", "nn",
 ]

@@ -39,6 +39,7 @@ import sys
 import threading
 
 from .. import env
+from ..jit.faults import raise_if_lost
 from ..runtime.device import CudaUnavailable
 from . import topology
 from ._backend import cuda_backend
@@ -354,9 +355,19 @@ class Group:
     def synchronize(self, stream=None) -> None:
         """Wait for ``stream`` (default: CuPy's current stream), then raise_if_failed()."""
         self._check_usable()
-        with self._backend.device_scope(self.device_id):
-            self._backend.stream_synchronize(stream)
+        try:
+            with self._backend.device_scope(self.device_id):
+                self._backend.stream_synchronize(stream)
+        except Exception as e:  # noqa: BLE001 - a lost context gets its own error, the rest pass through
+            raise_if_lost(e, "Group.synchronize", self.failure_detail())
+            raise
         self.raise_if_failed()
+
+    def failure_detail(self) -> str:
+        """What this rank's status record holds, for an error that has more to say ('' when it
+        holds no failure). The record is host memory: readable after the CUDA context is lost."""
+        rec = self.status
+        return f"this rank's status record: {failure_exception(rec)}" if rec.failed else ""
 
     def ctrl_state(self) -> dict:
         """Abort word, barrier epoch and arrival flags of this rank (synchronous copy; call after

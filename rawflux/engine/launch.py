@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from ..jit.faults import note_launch, raise_if_lost
 from ..runtime import DType
 from .abi import (BIAS_NONE, LOCAL_STORE_EPI, TMA_STORE_EPI, TMA_STORE_TAIL, TMAP_CODE, local_store_params)
 
@@ -216,7 +217,9 @@ def _driver_launch(cfg, params_addr: int, kernel) -> None:
 
         _cu = driver
     (err,) = _cu.cuLaunchKernelEx(cfg[0], cfg[1], params_addr, 0)
+    note_launch(kernel.symbol)
     if err:  # CUDA_SUCCESS is 0
+        raise_if_lost(err, f"launch of {kernel.symbol}")
         _, msg = _cu.cuGetErrorString(err)
         raise RuntimeError(f"launch of {kernel.symbol} failed: {err.name}: {msg.decode() if msg else ''}")
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import env
 from .compiler import CompileResult, compile_cubin
+from .faults import note_launch, raise_if_lost
 
 _ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
 
@@ -36,6 +37,7 @@ def _drv_check(result, what: str):
 
     err = result[0] if isinstance(result, tuple) else result
     if err != driver.CUresult.CUDA_SUCCESS:
+        raise_if_lost(err, what)
         _, msg = driver.cuGetErrorString(err)
         raise RuntimeError(f"{what} failed: {err.name}: {msg.decode() if msg else ''}")
     return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
@@ -124,7 +126,12 @@ class Kernel:
         self.set_max_dynamic_smem(smem)
         if isinstance(stream, int):
             stream = _external_stream(stream)
-        self._function(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
+        note_launch(self.symbol)
+        try:
+            self._function(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
+        except Exception as e:  # noqa: BLE001 - a lost context gets its own error, the rest pass through
+            raise_if_lost(e, f"launch of {self.symbol}")
+            raise
 
     def launch_ex(self, grid, block, args, *, smem: int = 0, stream=None, cluster=(1, 1, 1)) -> None:
         """Launch through cuLaunchKernelEx: cluster dimensions and arbitrary by-value params."""
@@ -146,6 +153,7 @@ class Kernel:
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         pack = _ParamPack(args)
+        note_launch(self.symbol)
         _drv_check(driver.cuLaunchKernelEx(cfg, driver.CUfunction(self.handle), pack.address, 0), f"launch of {self.symbol}")
 
 

@@ -474,6 +474,27 @@ def test_status_record_round_trip():
     assert "rank 1 gave up waiting in barrier #9: rank 2 gave up on rank 3 (" in named.message()
 
 
+def test_a_lost_context_at_synchronize_is_a_kernel_fault(comm):
+    from rawflux import KernelFault
+
+    class Lost(RuntimeError):
+        status = 719  # CuPy's CUDARuntimeError carries the code in .status
+
+    class Other(RuntimeError):
+        status = 1
+
+    g, be = make(comm)
+    for err, want in ((Lost("cudaErrorLaunchFailure: unspecified launch failure"), KernelFault), (Other("cudaErrorInvalidValue"), Other)):
+        def fail(stream, err=err):
+            raise err
+        be.stream_synchronize = fail
+        with pytest.raises(want) as info:
+            g.synchronize()
+        assert (want is KernelFault) == ("seen at Group.synchronize" in str(info.value))
+    del be.stream_synchronize
+    g.synchronize()  # the fake's own again
+
+
 def test_group_ctrl_is_packed_for_the_kernel(comm):
     g, be = make(comm, timeout_s=3.25)
     raw = ctypes.string_at(g._group_ctrl, layout.GROUP_CTRL_BYTES)
