@@ -12,6 +12,7 @@ not make its call.
 from __future__ import annotations
 
 import collections
+import re
 
 # CUresult / cudaError_t codes after which the context is unusable (the same numbers in both APIs).
 CONTEXT_LOST = {
@@ -51,6 +52,24 @@ def recent_launches() -> list[str]:
     return []
 
 
+def readable(symbol: str) -> str:
+    """A kernel's name without its template arguments: 'rawflux::gemm_kernel<...>' for the
+    mangled '_ZN7rawflux11gemm_kernelI...' or the source-level 'rawflux::gemm_kernel<GemmCfg<...>>'."""
+    if not symbol.startswith("_ZN"):
+        return symbol.split("<", 1)[0] + ("<...>" if "<" in symbol else "")
+    i, parts = 3, []
+    while i < len(symbol) and symbol[i].isdigit():
+        j = i
+        while j < len(symbol) and symbol[j].isdigit():
+            j += 1
+        n = int(symbol[i:j])
+        parts.append(symbol[j:j + n])
+        i = j + n
+    if not parts:
+        return symbol
+    return "::".join(parts) + ("<...>" if i < len(symbol) and symbol[i] == "I" else "")
+
+
 def code_of(err) -> int | None:
     """The CUDA error number of ``err``: a cuda-bindings CUresult, an int, or a CuPy
     CUDARuntimeError / CUDADriverError (their ``status``); None when it carries none."""
@@ -73,7 +92,8 @@ def fault(err, where: str, detail: str = "") -> KernelFault:
     code = code_of(err)
     cause = CONTEXT_LOST.get(code, "a kernel fault")
     name = getattr(err, "name", None) or str(err).split("\n")[0] or type(err).__name__
-    launches = [n.split("<", 1)[0] + ("<...>" if "<" in n else "") for n in recent_launches()]  # template arguments left out
+    launches = [readable(n) for n in recent_launches()]
+    where = re.sub(r"_ZN\w+", lambda mt: readable(mt.group(0)), where)
     last = f"; the last rawflux kernels launched in this process, oldest first: {', '.join(launches)}" if launches else ""
     more = f"; {detail}" if detail else ""
     return KernelFault(

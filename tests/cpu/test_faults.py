@@ -43,6 +43,15 @@ def test_the_message_says_what_failed_where_and_what_to_do():
     assert faults.recent_launches() == [f"k{i}" for i in range(3, faults.RECENT + 3)]  # only the latest are kept
 
 
+def test_kernel_names_lose_their_template_arguments():
+    mangled = "_ZN7rawflux11gemm_kernelINS_7GemmCfgILi128ELi256EEENS_12StreamKSchedEEEvNS_9TensorMapE"
+    assert faults.readable(mangled) == "rawflux::gemm_kernel<...>"
+    assert faults.readable("_ZN7rawflux15ag_local_kernelENS_11AgLocalArgsE") == "rawflux::ag_local_kernel"
+    assert faults.readable("rawflux::gemm_kernel<rawflux::GemmCfg<128, 256>>") == "rawflux::gemm_kernel<...>"
+    assert faults.readable("boom") == "boom"
+    assert "seen at launch of rawflux::gemm_kernel<...>" in str(faults.fault(719, f"launch of {mangled}"))
+
+
 def test_only_a_lost_context_is_translated():
     faults.raise_if_lost(CupyLikeError(1, "cudaErrorInvalidValue"), "x")  # returns: the caller re-raises its own error
     cause = CupyLikeError(719, "cudaErrorLaunchFailure: unspecified launch failure")

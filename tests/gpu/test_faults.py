@@ -14,23 +14,21 @@ cupy = pytest.importorskip("cupy")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = r"""
-import sys
 import cupy
 import rawflux
 from rawflux import KernelFault
 
-mode = sys.argv[1]
 rng = cupy.random.default_rng()
 a = (rng.standard_normal((4096, 8192), dtype=cupy.float32) + 1).astype(cupy.float16)
 b = (rng.standard_normal((4096, 8192), dtype=cupy.float32) + 1).astype(cupy.float16)
 out = cupy.empty((4096, 4096), dtype=cupy.float16)
-if mode == "trap":
-    rawflux.gemm(a, b, out=out)
-    cupy.cuda.Device().synchronize()
-    cupy.RawKernel('extern "C" __global__ void boom() { asm volatile("trap;"); }', "boom")((1,), (1,), ())
+rawflux.gemm(a, b, out=out)
+cupy.cuda.Device().synchronize()
+# what an expired pipeline wait does (asm trap), in a kernel of the test's own
+cupy.RawKernel('extern "C" __global__ void boom() { asm volatile("trap;"); }', "boom")((1,), (1,), ())
 try:
     for _ in range(20):
-        rawflux.gemm(a, b, out=out)  # mode "stall": RAWFLUX_WAIT_TIMEOUT_S tiny, so a pipeline wait may expire and trap
+        rawflux.gemm(a, b, out=out)
     try:
         cupy.cuda.Device().synchronize()
     except cupy.cuda.runtime.CUDARuntimeError as e:
@@ -45,23 +43,15 @@ except Exception as e:
 """
 
 
-def _child(mode: str, **env) -> str:
-    p = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
-                       timeout=240)
+def _child() -> str:
+    p = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=240)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"the child printed no result (rc {p.returncode}): {p.stdout[-2000:]} {p.stderr[-2000:]}"
     return lines[-1]
 
 
 def test_a_trapped_kernel_is_a_kernel_fault_at_the_next_rawflux_call():
-    got = _child("trap")
-    assert got.startswith("RESULT fault"), got
-    assert "must restart" in got and "rawflux::gemm_kernel" in got, got
+    got = _child()
+    assert got.startswith("RESULT fault 719"), got  # CUDA_ERROR_LAUNCH_FAILED: what a trap gives
+    assert "must restart" in got and "rawflux::gemm_kernel<...>" in got and "_ZN" not in got, got
 
-
-def test_an_expired_pipeline_wait_traps_into_a_kernel_fault():
-    got = _child("stall", RAWFLUX_WAIT_TIMEOUT_S="1e-9")
-    if got == "RESULT no-fault":
-        pytest.skip("no pipeline wait outlasted a 1 ns bound (each bound is checked every 4096 polls)")
-    assert got.startswith("RESULT fault"), got
-    assert "rawflux::gemm_kernel" in got, got
