@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs nn tune rslocal tax hostcost soak mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs ar nn tune rslocal tax hostcost soak mpi bench gemmbench agce agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -73,6 +73,8 @@ for stage in "$@"; do
       log fusion_tax; timeout 400 python3 benchmarks/fusion_tax.py --json "$OUT/fusion-tax.json" 2>&1 | grep -a -E "fusion-tax|Error" || rc=1 ;;
     rs)
       log gemm_rs_checks; timeout 560 python3 tests/gpu/gemm_rs_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | keep gemm_rs_checks || rc=1 ;;
+    ar)
+      log gemm_ar_checks; timeout 560 python3 tests/gpu/gemm_ar_checks.py --worlds ${WORLDS:-1,2,4,8} ${REAL:+--real} ${QUICK:+--calls 200 --replays 20 --runs 5} --per-world-timeout ${PWT:-140} 2>&1 | keep gemm_ar_checks || rc=1 ;;
     mpi)
       for n in ${MPI_WORLDS:-2 4}; do
         log pytest-mpi world $n ${REAL:+one rank per GPU}

@@ -34,9 +34,9 @@ STATUS_OFFSETS = {"state": 0, "op": 4, "call_id": 8, "waiter": 12, "peer": 16, "
 STATE_OK, STATE_TIMEOUT, STATE_ABORTED, STATE_CALL_MISMATCH = 0, 1, 2, 3
 
 # Op ids (kOp* in ctrl.cuh); fused ops pass theirs to make_wait_ctx().
-OP_NONE, OP_BARRIER, OP_AG_GEMM, OP_GEMM_RS, OP_SIGNAL_WAIT, OP_SELFTEST = 0, 1, 2, 3, 4, 5
+OP_NONE, OP_BARRIER, OP_AG_GEMM, OP_GEMM_RS, OP_SIGNAL_WAIT, OP_SELFTEST, OP_GEMM_AR = 0, 1, 2, 3, 4, 5, 6
 OP_NAMES = {OP_NONE: "op", OP_BARRIER: "barrier", OP_AG_GEMM: "ag_gemm", OP_GEMM_RS: "gemm_rs",
-            OP_SIGNAL_WAIT: "signal wait", OP_SELFTEST: "self-test"}
+            OP_SIGNAL_WAIT: "signal wait", OP_SELFTEST: "self-test", OP_GEMM_AR: "gemm_ar"}
 
 assert struct.calcsize(GROUP_CTRL_FMT) == GROUP_CTRL_BYTES
 assert struct.calcsize(STATUS_FMT) == STATUS_BYTES
@@ -140,7 +140,7 @@ def cuda_layout_asserts() -> str:
         f"static_assert(sizeof(GroupCtrl) == {GROUP_CTRL_BYTES}, \"GroupCtrl\");",
         f"static_assert(sizeof(Status) == {STATUS_BYTES}, \"Status\");",
         f"static_assert(kOpBarrier == {OP_BARRIER} && kOpAgGemm == {OP_AG_GEMM} && kOpGemmRs == {OP_GEMM_RS}, \"ops\");",
-        f"static_assert(kOpSignalWait == {OP_SIGNAL_WAIT} && kOpSelfTest == {OP_SELFTEST}, \"ops\");",
+        f"static_assert(kOpSignalWait == {OP_SIGNAL_WAIT} && kOpSelfTest == {OP_SELFTEST} && kOpGemmAr == {OP_GEMM_AR}, \"ops\");",
         f"static_assert(kStateTimeout == {STATE_TIMEOUT} && kStateAborted == {STATE_ABORTED} && kStateCallMismatch == {STATE_CALL_MISMATCH}, \"states\");",
     ]
     for field, off in GROUP_CTRL_OFFSETS.items():

@@ -36,6 +36,7 @@ TMA_STORE_EPI = "rawflux::TmaStore"
 # Prologues whose wait orders only the producer's own loads: no consumer refill under them.
 _NO_REFILL_PROLOGUES = frozenset({"rawflux::AgWait"})
 RS_EPILOGUE_PREFIX = "rawflux::RsEpilogue<"  # GEMM-ReduceScatter's (fused/rs_epilogue.cuh), one per partial type
+AR_EPILOGUE_PREFIX = "rawflux::ArEpilogue<"  # GEMM + AllReduce's (fused/ar_epilogue.cuh), one per partial type
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ def epilogue_traits(epilogue: str) -> EpilogueTraits:
         return EpilogueTraits(staged=True, deferrable=True, refill_ok=True, state_bytes=0)
     if epilogue.startswith(RS_EPILOGUE_PREFIX):
         return EpilogueTraits(staged=True, deferrable=False, refill_ok=False, state_bytes=160)
+    if epilogue.startswith(AR_EPILOGUE_PREFIX):
+        return EpilogueTraits(staged=True, deferrable=False, refill_ok=True, state_bytes=64)
     return EpilogueTraits(staged=False, deferrable=False, refill_ok=True, state_bytes=0)
 
 

@@ -19,7 +19,7 @@ namespace rawflux {
 enum : int { kMaxWorld = 64 };  // ranks in one TP group (one node); late_mask is a u64
 
 // Op ids in Status::op (rawflux/dist/layout.py OP_NAMES gives their names).
-enum : u32 { kOpNone = 0, kOpBarrier = 1, kOpAgGemm = 2, kOpGemmRs = 3, kOpSignalWait = 4, kOpSelfTest = 5 };
+enum : u32 { kOpNone = 0, kOpBarrier = 1, kOpAgGemm = 2, kOpGemmRs = 3, kOpSignalWait = 4, kOpSelfTest = 5, kOpGemmAr = 6 };
 // Status::state
 // kStateCallMismatch: a fused op's per-call record differed between ranks (comm/call_record.cuh).
 enum : u32 { kStateOk = 0, kStateTimeout = 1, kStateAborted = 2, kStateCallMismatch = 3 };

@@ -1,0 +1,315 @@
+// GEMM + AllReduce's epilogue policy (gemm_kernel's Epilogue argument, with TileSched's order):
+// one-shot, one kernel per call, every rank ends with the same bits of out (m, n).
+//
+// Every rank computes its partial of every tile (k is its share). A consumer warpgroup's 64 x kWN
+// fragment, once its k blocks are done:
+//   1. send: rounded to the partial type (the output's 16-bit type, or fp32), it goes to the
+//      receive slot (parity, this rank) of every rank, this one included: 16-bit boxes staged once
+//      in TmaStore's buffers and stored to each rank by TMA (a 3-D map per rank, clipped at the
+//      call's m rows); fp32 from registers. Thread 0 then waits for the stores and raises the
+//      fragment's flag on every peer;
+//   2. wait: lane q of warp 0 checks peer q's call record and waits (bounded) for q's flag of the
+//      same fragment; every rank walks the tiles in the same order and sends before it waits, so
+//      the waits are acyclic whenever every CTA of every rank is resident (a persistent grid);
+//   3. reduce: partial_0 + partial_1 + ... + partial_{W-1} in fp32 in that fixed order, all read
+//      from the local slots (the own one too: the sum stays in the accumulators, no registers
+//      beside them), the bias, one rounding, stored through TmaStore's boxes into out. Same
+//      inputs, same order: the same bits on every rank.
+// Meant for decode (m up to a few hundred rows): each rank sends (W - 1) m n partials and every
+// tile's epilogue waits for its peers, where GEMM-RS + AllGather would pay two latencies.
+//
+// Buffers are GEMM-RS's layout (fused/rs_layout.cuh) with the whole m: slots of slot_rows = max_m
+// rows per (parity, source), flags per (parity, source, tile = tile_m * tiles_n + tile_n, consumer).
+// Calls are numbered by the sync buffer's epoch (read once per CTA in init; the last CTA to finish
+// advances it). Slot safety: a rank writes parity p again only in call e + 2, which it cannot
+// start before each peer's call e + 1 raised its flags, after that peer's kernel of call e (the
+// last reader of slot p) ended. A failed wait or a mismatched record is written to the group's
+// Status (CollectiveTimeout / CallMismatch) and the warpgroup stores nothing of that tile; the
+// kernel always runs to its end, so the epoch stays in step on every rank.
+#pragma once
+#include "rawflux/comm/call_record.cuh"
+#include "rawflux/comm/signal.cuh"
+#include "rawflux/comm/wait.cuh"
+#include "rawflux/fused/rs_layout.cuh"
+#include "rawflux/gemm/epilogue/fragment.cuh"
+#include "rawflux/gemm/epilogue/tma_store.cuh"
+#include "rawflux/gemm/scheduler/tile.cuh"
+#include "rawflux/ptx/global.cuh"
+
+namespace rawflux {
+namespace ar {
+
+RAWFLUX_DEVICE u32 ld_u32(u64 addr) {
+  u32 v;
+  asm volatile("ld.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+RAWFLUX_DEVICE void ld_v2_f32(u64 addr, float& a, float& b) {
+  asm volatile("ld.global.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "l"(addr) : "memory");
+}
+RAWFLUX_DEVICE void st_v4f(u64 addr, float a, float b, float c, float d) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+
+}  // namespace ar
+
+// kPart: kRsPartBF16 / kRsPartF16 (the output's type: the default) or kRsPartF32.
+template <int kPart>
+struct ArEpilogue {
+  struct Params {
+    TensorMap tmap_out;                // out (m, n), 16-bit, boxes of 64 x 64, 128-byte swizzle
+    TensorMap tmap_recv[kRsMaxWorld];  // 16-bit partials: rank q's receive buffer as (n, m, 2W), boxes 64 x 64 x 1
+    u64 recv;                          // this rank's receive buffer
+    u64 sync;                          // this rank's sync buffer (rs_layout.cuh)
+    u64 ctrl;                          // const GroupCtrl*: bounded waits and the error record
+    u64 bias;                          // (n,) bias or 0
+    u64 recv_peer[kRsMaxWorld];        // every rank's receive buffer, mapped here (fp32 partials)
+    u64 sync_peer[kRsMaxWorld];        // every rank's sync buffer, mapped here
+    i32 bias_kind;                     // epi::kBias*
+    i32 m;                             // the call's rows
+    i32 tiles_cap;                     // flags per (parity, source): tiles of the op's largest call
+    i32 rank;
+    i32 world;
+    i32 slot_rows;                     // rows between receive slots: the op's capacity max_m (fixed across calls)
+    u32 record[kMetaWords];            // this call's record: word 0 is filled with the epoch, 1 the op id, then the fields
+  };
+  static constexpr bool kTileBarrier = false;
+  static constexpr bool kDeferrable = false;
+  static constexpr bool kExtraBlocks = false;
+  static constexpr int kPartBytes = kPart == kRsPartF32 ? 4 : 2;
+
+  template <class Cfg>
+  static constexpr int bufs() {
+    static_assert(Cfg::kStoreBufs > 0 && Cfg::kOut != kTypeF32, "GEMM + AllReduce stages 16-bit boxes (its output, and 16-bit partials)");
+    static_assert(kPart == kRsPartF32 || kPart == Cfg::kOut, "16-bit partials have the output's type");
+    static_assert(Cfg::kClusterK == 1, "a k-split cluster computes one tile in two halves: not a GEMM + AllReduce tile");
+    return Cfg::kStoreBufs;
+  }
+  // Shared state past the staging buffers: the call's epoch (u32 at 0, written by init).
+  static constexpr int kStateBytes = 64;
+  template <class Cfg>
+  static constexpr int state_offset() { return bufs<Cfg>() * TmaStore::kBoxBytes * Cfg::kConsumers; }
+  template <class Cfg>
+  static constexpr int scratch_bytes() {
+    static_assert(Cfg::kConsumers <= 2 && state_offset<Cfg>() + kStateBytes <= kScratchFree<Cfg>, "staging buffers and state fit beside the ring");
+    return state_offset<Cfg>() + kStateBytes;
+  }
+
+  static RAWFLUX_DEVICE u32 epoch_of(u32 scratch_state) { return ptx::ld_shared_u32(scratch_state); }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void init(const Params& ep, u32 scratch) {
+    const u32 state = scratch + state_offset<Cfg>();
+#pragma unroll
+    for (int i = 0; i < kStateBytes; i += 8) ptx::st_shared_u64(state + i, 0ull);
+    // Written only by the last CTA of the previous call, after every CTA's read here (finish).
+    const u32 e = ld_volatile_u32(reinterpret_cast<const u32*>(ep.sync + kRsEpochOffset)) + 1u;
+    ptx::st_shared_u32(state, e);  // every role's epoch: the kernel's start barrier orders it before their reads
+    ptx::tma_prefetch_desc(&ep.tmap_out);
+    if constexpr (kPart != kRsPartF32) {
+#pragma unroll 1
+      for (i32 q = 0; q < ep.world; ++q) ptx::tma_prefetch_desc(&ep.tmap_recv[q]);
+    }
+  }
+
+  // Warp 1 of the producer warpgroup, CTA 0: lane q pushes this call's record into peer q.
+  template <class Cfg, class SchedT>
+  static RAWFLUX_DEVICE void side(const Params& ep, const GemmParams&, u32 scratch) {
+    const i32 q = (i32)(threadIdx.x % 32);
+    if (threadIdx.x / 32 != 1 || blockIdx.x != 0 || q >= ep.world || q == ep.rank) return;
+    const u32 e = epoch_of(scratch + state_offset<Cfg>());
+    record_push(reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank)), e, ep.record);
+  }
+
+  // Stages packed box kBox in its buffer (TmaStore's layout and rotation) and returns its address;
+  // every thread of the warpgroup calls it, boxes in order.
+  template <class Cfg, int kBox>
+  static RAWFLUX_DEVICE u32 stage_box(const u32 (&v)[TmaStore::kBoxRegs], u32 tid, u32 consumer, u32 scratch) {
+    constexpr int kBufs = bufs<Cfg>();
+    static_assert((Cfg::kWN / 64) % kBufs == 0, "whole rounds of buffers per fragment");
+    const u32 bar = kWarpgroupBarrierBase + consumer;
+    const u32 warp = tid / 32, lane = tid % 32;
+    const u32 half = (lane / 8) % 2, next_block = lane / 16;
+    const u32 row = 16 * warp + 8 * half + lane % 8;
+    const u32 box_addr = scratch + consumer * kBufs * TmaStore::kBoxBytes + (u32)((kBox % kBufs) * TmaStore::kBoxBytes);
+    if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();  // the stores that last read this buffer are done reading it
+    ptx::named_barrier_sync(bar, 128);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const u32 unit = (u32)(2 * q) + next_block;
+      ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+    ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA stores read them
+    ptx::named_barrier_sync(bar, 128);
+    return box_addr;
+  }
+
+  // The fragment's 64-column boxes, packed to 16 bits and staged in order; thread 0 hands each to
+  // issue(shared address, its first column) for its TMA stores and closes a bulk group per box.
+  template <class Cfg, class Issue>
+  static RAWFLUX_DEVICE void store_boxes(const float (&acc)[Cfg::kAccRegs], const TileCoord& tc, Issue&& issue) {
+    static_for<0, Cfg::kWN / 64>([&](auto box) {
+      constexpr int kBox = decltype(box)::value;
+      u32 v[TmaStore::kBoxRegs];
+      TmaStore::pack_box<Cfg, kBox>(acc, v);
+      const u32 addr = stage_box<Cfg, kBox>(v, tc.tid, tc.consumer, tc.scratch);
+      if (tc.tid == 0) {
+        issue(addr, tc.col0 + 64 * kBox);
+        ptx::bulk_commit();
+      }
+    });
+  }
+
+  // fp32 fragment rows of slot (parity, this rank) in peer q (0 = row past m) -> 16-byte stores;
+  // lane pairs of a quad trade halves so that each lane holds 4 consecutive columns.
+  template <class Cfg>
+  static RAWFLUX_DEVICE void send_f32(const Params& ep, const GemmParams& p, const float (&acc)[Cfg::kAccRegs], const TileCoord& tc,
+                                      u32 parity, i32 q) {
+    const i32 ra = tc.row0 + 16 * (i32)(tc.tid / 32) + (i32)((tc.tid % 32) / 4);
+    const u64 base = ep.recv_peer[q];
+    const u64 row_a = ra < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra, p.n) : 0ull;
+    const u64 row_b = ra + 8 < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra + 8, p.n) : 0ull;
+    const u32 qd = tc.tid % 4;
+    const bool odd = (qd & 1u) != 0;
+#pragma unroll
+    for (int j = 0; j < Cfg::kAccRegs / 4; j += 2) {
+      const float xa0 = acc[4 * j + 0], xa1 = acc[4 * j + 1], ya0 = acc[4 * j + 4], ya1 = acc[4 * j + 5];
+      const float xb0 = acc[4 * j + 2], xb1 = acc[4 * j + 3], yb0 = acc[4 * j + 6], yb1 = acc[4 * j + 7];
+      const float ra0 = __shfl_xor_sync(0xffffffffu, odd ? xa0 : ya0, 1);
+      const float ra1 = __shfl_xor_sync(0xffffffffu, odd ? xa1 : ya1, 1);
+      const float rb0 = __shfl_xor_sync(0xffffffffu, odd ? xb0 : yb0, 1);
+      const float rb1 = __shfl_xor_sync(0xffffffffu, odd ? xb1 : yb1, 1);
+      const i32 col = odd ? tc.col0 + 8 * (j + 1) + 2 * (i32)(qd - 1) : tc.col0 + 8 * j + 2 * (i32)qd;
+      if (col < p.n) {  // n % 8 == 0: a 4-column chunk is all in or all out
+        if (row_a) {
+          if (odd) ar::st_v4f(row_a + 4ull * (u64)col, ra0, ra1, ya0, ya1);
+          else ar::st_v4f(row_a + 4ull * (u64)col, xa0, xa1, ra0, ra1);
+        }
+        if (row_b) {
+          if (odd) ar::st_v4f(row_b + 4ull * (u64)col, rb0, rb1, yb0, yb1);
+          else ar::st_v4f(row_b + 4ull * (u64)col, xb0, xb1, rb0, rb1);
+        }
+      }
+    }
+  }
+
+  // acc = the W partials of this thread's fragment from the local receive slots (this rank's own
+  // among them, as sent), summed in place in the order q = 0, 1, ..., W - 1; four n8 blocks at a
+  // time with the sources in a loop, which is what fits beside the accumulators.
+  template <class Cfg>
+  static RAWFLUX_DEVICE void reduce(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc, u32 parity) {
+    constexpr int kBlocks = Cfg::kAccRegs / 4;  // n8 blocks of the fragment
+    constexpr bool kF16 = kPart == kRsPartF16;
+    const u32 qd = tc.tid % 4;
+    const i32 ra = tc.row0 + 16 * (i32)(tc.tid / 32) + (i32)((tc.tid % 32) / 4);
+    const bool ok_a = ra < ep.m, ok_b = ra + 8 < ep.m;
+    const u64 slot_bytes = (u64)ep.slot_rows * (u64)p.n * kPartBytes;
+    const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world, 0, ep.slot_rows, ra, p.n) * kPartBytes;
+    const u64 row_step = (u64)(8 * (i64)p.n) * kPartBytes;
+    static_for<0, (kBlocks + 3) / 4>([&](auto step) {
+      constexpr int j0 = 4 * decltype(step)::value;
+#pragma unroll
+      for (int j = j0; j < j0 + 4 && j < kBlocks; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[4 * j + i] = 0.f;
+      }
+#pragma unroll 1
+      for (i32 q = 0; q < ep.world; ++q) {
+        const u64 row_a = row_a0 + (u64)q * slot_bytes;
+#pragma unroll
+        for (int j = j0; j < j0 + 4 && j < kBlocks; ++j) {
+          const i32 col = tc.col0 + 8 * j + 2 * (i32)qd;
+          float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
+          if (col < p.n) {
+            if constexpr (kPart == kRsPartF32) {
+              if (ok_a) ar::ld_v2_f32(row_a + 4ull * (u64)col, x0, x1);
+              if (ok_b) ar::ld_v2_f32(row_a + row_step + 4ull * (u64)col, y0, y1);
+            } else {
+              if (ok_a) ptx::unpack2<kF16>(ar::ld_u32(row_a + 2ull * (u64)col), x0, x1);
+              if (ok_b) ptx::unpack2<kF16>(ar::ld_u32(row_a + row_step + 2ull * (u64)col), y0, y1);
+            }
+          }
+          acc[4 * j + 0] += x0;
+          acc[4 * j + 1] += x1;
+          acc[4 * j + 2] += y0;
+          acc[4 * j + 3] += y1;
+        }
+      }
+    });
+  }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void store(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
+    if (tc.row0 >= ep.m) return;  // a warpgroup wholly past the call's rows: nothing sent, nothing awaited, on every rank
+    const u32 e = epoch_of(tc.scratch + state_offset<Cfg>());
+    const u32 parity = e & 1u;
+    const i32 tile = tc.tile_m * p.tiles_n + tc.tile_n;
+    const u32 bar = kWarpgroupBarrierBase + tc.consumer;
+    // 1. send this rank's partial of the fragment to every peer, then raise its flags there
+    if constexpr (kPart == kRsPartF32) {
+#pragma unroll 1
+      for (i32 q = 0; q < ep.world; ++q) send_f32<Cfg>(ep, p, acc, tc, parity, q);
+      ptx::named_barrier_sync(bar, 128);  // every thread's stores of the partial before thread 0's releases of its flags
+    } else {
+      const i32 slot = (i32)parity * ep.world + ep.rank;
+      store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) {
+#pragma unroll 1
+        for (i32 q = 0; q < ep.world; ++q) ptx::tma_store_3d(&ep.tmap_recv[q], addr, col, tc.row0, slot);
+      });
+      if (tc.tid == 0) {
+        ptx::bulk_wait_all();        // the boxes are written into the slots, not only read from shared memory
+        fence_proxy_async_global();  // those async-proxy writes before this thread's generic releases (and, past the barrier below, the reads of the own slot)
+      }
+    }
+    if (tc.tid == 0) {
+#pragma unroll 1
+      for (i32 q = 0; q < ep.world; ++q) {
+        if (q == ep.rank) continue;
+        u32* flag = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_flag_offset(parity, ep.world, ep.rank, ep.tiles_cap, tile, tc.consumer));
+        signal_set(flag, e);  // release (sys): the partial reaches peer q before its flag
+      }
+    }
+    // 2. lane q of warp 0: peer q made the same call, and its partial of this fragment has arrived
+    bool ok = true;
+    if (tc.tid < 32) {
+      const i32 q = (i32)tc.tid;
+      if (q < ep.world && q != ep.rank) {
+        const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmAr, e);
+        ok = record_check(reinterpret_cast<const u32*>(ep.sync + rs_record_offset(parity, q)), e, ep.record, ctx, q);
+        const u32* flag = reinterpret_cast<const u32*>(ep.sync + rs_flag_offset(parity, ep.world, q, ep.tiles_cap, tile, tc.consumer));
+        if (ok) ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
+      }
+      ok = __all_sync(0xffffffffu, ok);
+    }
+    // joins warp 0: its acquires order every thread's reads of the receive slots below
+    if (ptx::named_barrier_or(bar, 128, !ok)) return;
+    // 3. the fixed-order sum, the bias, one rounding, out
+    reduce<Cfg>(ep, p, acc, tc, parity);
+    if (ep.bias_kind != epi::kBiasNone) {
+      epi::add_bias<Cfg::kInF16>(acc, reinterpret_cast<const void*>(ep.bias), ep.bias_kind, tc.col0, p.n, tc.tid);
+    }
+    store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) { ptx::tma_store_2d(&ep.tmap_out, addr, col, tc.row0); });
+  }
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void tile_done(const Params&, const GemmParams&, const TileCoord&) {}
+
+  template <class Cfg>
+  static RAWFLUX_DEVICE void finish(const Params& ep, u32 tid, u32 consumer, u32 scratch) {
+    const u32 e = epoch_of(scratch + state_offset<Cfg>());
+    if (tid == 0) ptx::bulk_wait_all();  // out's boxes written (and the staging read) before the CTA ends
+    // every consumer thread of the CTA is past its last read of the slots
+    ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
+    if (consumer == 0 && tid == 0) {
+      u32* done = reinterpret_cast<u32*>(ep.sync + kRsDoneOffset);
+      // acq_rel: every CTA's read of the epoch word (init) happens before the last one advances it
+      const u32 prev = ptx::atom_add_acq_rel_gpu(done, 1u);
+      if (prev == gridDim.x - 1) {
+        *done = 0u;
+        *reinterpret_cast<volatile u32*>(ep.sync + kRsEpochOffset) = e;  // the next call (next kernel in stream order) is e + 1
+      }
+    }
+  }
+};
+
+}  // namespace rawflux
