@@ -3,6 +3,8 @@
     PYTHONPATH=. python benchmarks/fusion_tax.py [--op gemm_rs,ag_gemm] [--worlds 2,4,8] [--ms 1024,2048,4096,8192]
         [--link-gbps 370] [--json PATH] [--link-json PATH]
 
+gemm_ar (--op gemm_ar, --ms default 1..512): rank 0's one-shot GEMM + AllReduce kernel with its
+peers mapped locally (rawflux/bench/ar_local.py) against rawflux.gemm's pick; bar fused / gemm <= 1.05.
 gemm_rs: the fused kernel at world W with every peer mapped onto its own buffers
 (rawflux/bench/rs_local.py: the same kernel, the same stores and reads, no link, no waiting)
 against rawflux.gemm's own pick on the same (m, n, k_local). Bar: fused / gemm <= 1.03.
@@ -46,6 +48,8 @@ BAR = 1.03
 AG_TAX_BAR = 1.02
 AG_LINK_BAR = 1.03
 AG_LINK_FROM_M = 1024
+AR_TAX_BAR = 1.05
+AR_MS = "1,16,64,128,256,512"  # gemm_ar is the decode op
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -64,10 +68,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-reps", type=int, default=20, help="--tuned: calls per candidate in the tuning pass (op.tune's reps)")
     ap.add_argument("--tuned-json", default=str(RESULTS / "fused-tuned.json"))
     args = ap.parse_args(argv)
+    args.ms_given = any(x == "--ms" or x.startswith("--ms=") for x in (argv if argv is not None else sys.argv[1:]))
     ops = args.op.split(",")
-    bad = [o for o in ops if o not in ("gemm_rs", "ag_gemm")]
+    bad = [o for o in ops if o not in ("gemm_rs", "ag_gemm", "gemm_ar")]
     if bad:
-        ap.error(f"--op: {bad} (gemm_rs, ag_gemm)")
+        ap.error(f"--op: {bad} (gemm_rs, ag_gemm, gemm_ar)")
     if args.tuned:
         return run_tuned(args, ops)
     rows, over = [], 0
@@ -77,6 +82,9 @@ def main(argv=None) -> int:
     if "ag_gemm" in ops:
         r, o = run_ag(args)
         rows, over = rows + r, over + o
+    if "gemm_ar" in ops:
+        r, o = run_ar(args)
+        rows, over = rows + r, over + o
     path = Path(args.json)
     kept = []
     if path.exists():
@@ -85,7 +93,7 @@ def main(argv=None) -> int:
         except (ValueError, AttributeError):
             kept = []
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"kind": "fusion-tax", "bar": {"gemm_rs": BAR, "ag_gemm": AG_TAX_BAR}, "rows": kept + rows}, indent=1) + "\n")
+    path.write_text(json.dumps({"kind": "fusion-tax", "bar": {"gemm_rs": BAR, "ag_gemm": AG_TAX_BAR, "gemm_ar": AR_TAX_BAR}, "rows": kept + rows}, indent=1) + "\n")
     return 1 if over else 0
 
 
@@ -151,6 +159,63 @@ def run_rs(args):
                 torch.cuda.empty_cache()
     over = sum(r["ratio"] > BAR for r in rows)
     print(f"fusion-tax summary: gemm_rs {len(rows) - over}/{len(rows)} points within {BAR}, worst {worst:.3f}")
+    return rows, over
+
+
+def run_ar(args):
+    """gemm_ar: rank 0's fused kernel with its peers mapped locally (rawflux/bench/ar_local.py)
+    against rawflux.gemm's own pick on (m, n, k_local), at decode m (--ms default AR_MS)."""
+    import torch
+
+    import rawflux
+    from rawflux.bench.ar_local import local_ar_tax
+
+    gpu, commit = _gpu_commit()
+    rows, worst = [], 0.0
+    shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    ms = args.ms if args.ms_given else AR_MS
+    for W in [int(x) for x in args.worlds.split(",")]:
+        for name, n, k_all in shapes:
+            k = k_all // W
+            for m in [int(x) for x in ms.split(",")]:
+                op = local_ar_tax(W, m, n, k, "bf16", partials=args.partials)
+                op.preset(m)
+                set_bytes = (m * k + n * k) * 2
+                nsets = max(2, min(16, 4 * L2_BYTES // set_bytes + 1))
+                a = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
+                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                s = torch.cuda.current_stream().cuda_stream
+                same_cfg = op.config_for(m)
+
+                def fused(i):
+                    op(a[i], b[i], out=out, stream=s)
+
+                def plain(i):
+                    rawflux.gemm(a[i], b[i], out=full, stream=s)
+
+                def same(i):  # the fused kernel's tile and grid, data-parallel, in the plain GEMM
+                    rawflux.gemm(a[i], b[i], out=full, stream=s, config=same_cfg)
+
+                t_f, t_g, t_s = bench_many([fused, plain, same], nsets, args.reps)
+                torch.cuda.synchronize()
+                if op.failed():
+                    raise RuntimeError(f"fused kernel reported a device-side failure (state {op.failed()})")
+                ratio = t_f / t_g
+                worst = max(worst, ratio)
+                tile = same_cfg.tile.tag()
+                print(f"fusion-tax W={W} gemm_ar {name} m={m} n={n} k={k}: fused {t_f * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  "
+                      f"ratio {ratio:.3f} {'ok' if ratio <= AR_TAX_BAR else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)",
+                      flush=True)
+                rows.append({"op": "gemm_ar", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
+                             "partials": args.partials or "bf16", "fused_ms": t_f, "gemm_ms": t_g, "ratio": ratio, "tile": tile,
+                             "same_tile_gemm_ms": t_s, "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
+                             "date": datetime.date.today().isoformat()})
+                del a, b, out, full, op
+                torch.cuda.empty_cache()
+    over = sum(r["ratio"] > AR_TAX_BAR for r in rows)
+    print(f"fusion-tax summary: gemm_ar {len(rows) - over}/{len(rows)} points within {AR_TAX_BAR}, worst {worst:.3f}")
     return rows, over
 
 

@@ -44,6 +44,10 @@ def forms(group, m: int, n: int, k: int):
     c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     out = [("torch", "matmul", None, lambda: torch.matmul(a, b.t(), out=c)),
            ("gemm", "functional", FUNCTIONAL_BAR_US, lambda: rawflux.gemm(a, b, out=c))]
+    a_ar, b_ar = rnd(m, k // w), rnd(n, k // w)
+    ar = rawflux.GemmAR(group, m, n, k // w, torch.bfloat16)
+    out += [("gemm_ar", "object", OBJECT_BAR_US, lambda: ar(a_ar, b_ar, out=c)),
+            ("gemm_ar", "functional", FUNCTIONAL_BAR_US, lambda: rawflux.gemm_ar(a_ar, b_ar, group, out=c))]
     if m % w:
         return out
     b_rs, c_rs = rnd(n, k // w), torch.empty(m // w, n, device=dev, dtype=torch.bfloat16)
