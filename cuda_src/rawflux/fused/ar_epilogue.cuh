@@ -193,47 +193,78 @@ struct ArEpilogue {
     }
   }
 
+  // One source's values of n8 blocks [j0, j0 + kSpan) of this thread's fragment (rows ra, ra + 8),
+  // from the local slot at row_a: packed 16-bit pairs, or fp32 pairs (two words each).
+  template <int kSpan, int kWords>
+  static RAWFLUX_DEVICE void load_span(u32 (&v)[kWords], u64 row_a, u64 row_step, i32 col, i32 n, bool ok_a, bool ok_b) {
+    constexpr int kPer = kPart == kRsPartF32 ? 2 : 1;  // words per pair
+#pragma unroll
+    for (int j = 0; j < kSpan; ++j) {
+      const i32 c = col + 8 * j;
+      const u64 at = (u64)c * (2 * kPer);
+#pragma unroll
+      for (int w = 0; w < 2 * kPer; ++w) v[2 * kPer * j + w] = 0u;
+      if (c < n) {
+        if constexpr (kPer == 2) {
+          if (ok_a) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j]), "=r"(v[4 * j + 1]) : "l"(row_a + 2 * at) : "memory");
+          if (ok_b) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j + 2]), "=r"(v[4 * j + 3]) : "l"(row_a + row_step + 2 * at) : "memory");
+        } else {
+          if (ok_a) v[2 * j] = ar::ld_u32(row_a + at);
+          if (ok_b) v[2 * j + 1] = ar::ld_u32(row_a + row_step + at);
+        }
+      }
+    }
+  }
+
+  // acc[4 j0 ..] += one source's span, loaded by load_span (rows a then b, as the fragment holds them).
+  template <int kSpan, int kWords, int kRegs>
+  static RAWFLUX_DEVICE void add_span(float (&acc)[kRegs], int j0, const u32 (&v)[kWords]) {
+#pragma unroll
+    for (int j = 0; j < kSpan; ++j) {
+      float x0, x1, y0, y1;
+      if constexpr (kPart == kRsPartF32) {
+        x0 = __uint_as_float(v[4 * j]), x1 = __uint_as_float(v[4 * j + 1]);
+        y0 = __uint_as_float(v[4 * j + 2]), y1 = __uint_as_float(v[4 * j + 3]);
+      } else {
+        ptx::unpack2<kPart == kRsPartF16>(v[2 * j], x0, x1);
+        ptx::unpack2<kPart == kRsPartF16>(v[2 * j + 1], y0, y1);
+      }
+      acc[4 * (j0 + j) + 0] += x0;
+      acc[4 * (j0 + j) + 1] += x1;
+      acc[4 * (j0 + j) + 2] += y0;
+      acc[4 * (j0 + j) + 3] += y1;
+    }
+  }
+
   // acc = the W partials of this thread's fragment from the local receive slots (this rank's own
-  // among them, as sent), summed in place in the order q = 0, 1, ..., W - 1; four n8 blocks at a
-  // time with the sources in a loop, which is what fits beside the accumulators.
+  // among them, as sent), summed in place in the order q = 0, 1, ..., W - 1. A span of n8 blocks
+  // at a time, two sources' loads in flight before their adds (in order): the sum's latency is
+  // a load round per two sources, and the accumulators need no registers beside them.
   template <class Cfg>
   static RAWFLUX_DEVICE void reduce(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc, u32 parity) {
     constexpr int kBlocks = Cfg::kAccRegs / 4;  // n8 blocks of the fragment
-    constexpr bool kF16 = kPart == kRsPartF16;
-    const u32 qd = tc.tid % 4;
+    // 8 blocks of 16-bit pairs in flight per source where the accumulators leave room (<= 64 of them), else 4
+    constexpr int kSpan = kPart == kRsPartF32 || Cfg::kAccRegs > 64 ? 4 : (kBlocks >= 8 ? 8 : kBlocks);
+    static_assert(kBlocks % kSpan == 0, "whole spans per fragment");
+    constexpr int kWords = kSpan * (kPart == kRsPartF32 ? 4 : 2);
     const i32 ra = tc.row0 + 16 * (i32)(tc.tid / 32) + (i32)((tc.tid % 32) / 4);
     const bool ok_a = ra < ep.m, ok_b = ra + 8 < ep.m;
     const u64 slot_bytes = (u64)ep.slot_rows * (u64)p.n * kPartBytes;
     const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world, 0, ep.slot_rows, ra, p.n) * kPartBytes;
     const u64 row_step = (u64)(8 * (i64)p.n) * kPartBytes;
-    static_for<0, (kBlocks + 3) / 4>([&](auto step) {
-      constexpr int j0 = 4 * decltype(step)::value;
+    static_for<0, kBlocks / kSpan>([&](auto step) {
+      constexpr int j0 = kSpan * decltype(step)::value;
+      const i32 col = tc.col0 + 8 * j0 + 2 * (i32)(tc.tid % 4);
 #pragma unroll
-      for (int j = j0; j < j0 + 4 && j < kBlocks; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[4 * j + i] = 0.f;
-      }
+      for (int i = 4 * j0; i < 4 * (j0 + kSpan); ++i) acc[i] = 0.f;
 #pragma unroll 1
-      for (i32 q = 0; q < ep.world; ++q) {
-        const u64 row_a = row_a0 + (u64)q * slot_bytes;
-#pragma unroll
-        for (int j = j0; j < j0 + 4 && j < kBlocks; ++j) {
-          const i32 col = tc.col0 + 8 * j + 2 * (i32)qd;
-          float x0 = 0.f, x1 = 0.f, y0 = 0.f, y1 = 0.f;
-          if (col < p.n) {
-            if constexpr (kPart == kRsPartF32) {
-              if (ok_a) ar::ld_v2_f32(row_a + 4ull * (u64)col, x0, x1);
-              if (ok_b) ar::ld_v2_f32(row_a + row_step + 4ull * (u64)col, y0, y1);
-            } else {
-              if (ok_a) ptx::unpack2<kF16>(ar::ld_u32(row_a + 2ull * (u64)col), x0, x1);
-              if (ok_b) ptx::unpack2<kF16>(ar::ld_u32(row_a + row_step + 2ull * (u64)col), y0, y1);
-            }
-          }
-          acc[4 * j + 0] += x0;
-          acc[4 * j + 1] += x1;
-          acc[4 * j + 2] += y0;
-          acc[4 * j + 3] += y1;
-        }
+      for (i32 q = 0; q < ep.world; q += 2) {
+        u32 v0[kWords], v1[kWords];
+        load_span<kSpan>(v0, row_a0 + (u64)q * slot_bytes, row_step, col, p.n, ok_a, ok_b);
+        const bool two = q + 1 < ep.world;
+        load_span<kSpan>(v1, row_a0 + (u64)(q + 1) * slot_bytes, row_step, col, p.n, ok_a && two, ok_b && two);
+        add_span<kSpan>(acc, j0, v0);
+        if (two) add_span<kSpan>(acc, j0, v1);
       }
     });
   }
@@ -262,11 +293,12 @@ struct ArEpilogue {
       }
     }
     if (tc.tid == 0) {
+      fence_acq_rel_sys();  // release (sys), once for every flag below: the partial reaches each peer before its flag
 #pragma unroll 1
       for (i32 q = 0; q < ep.world; ++q) {
         if (q == ep.rank) continue;
         u32* flag = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_flag_offset(parity, ep.world, ep.rank, ep.tiles_cap, tile, tc.consumer));
-        signal_set(flag, e);  // release (sys): the partial reaches peer q before its flag
+        st_relaxed_sys_u32(flag, e);  // the fence above makes this strong store a release
       }
     }
     // 2. lane q of warp 0: peer q made the same call, and its partial of this fragment has arrived
