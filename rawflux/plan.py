@@ -42,8 +42,8 @@ Exit status 2 on bad arguments.
     python -m rawflux.plan gemm_ar --world 8 --n 8192 --k 1024 [--ms 1,16,128,512] [--link-gbps 370]
         [--hop-us 2.5] [--nccl-us 12] [--nccl-busbw 200] [--json]
 
-The decode GEMM + AllReduce (a design ahead of its kernel): out (m, n) = sum_q a_q @ b_q^T on every
-rank, k this rank's share. Per strategy, after the GEMM (tune.estimate_us of the plain pick; at
+The decode GEMM + AllReduce (its kernel, rawflux/ops/gemm_ar.py, runs one-shot): out (m, n) =
+sum_q a_q @ b_q^T on every rank, k this rank's share. Per strategy, after the GEMM (tune.estimate_us of the plain pick; at
 decode one wave, so little of the communication overlaps it): one-shot, every rank pushes its
 16-bit partial of every tile to every peer and reduces all W in a fixed order ((W - 1) m n 2 bytes
 out of each rank, one flag hop); two-shot, each tile's partial goes to its owner, which reduces

@@ -1,5 +1,5 @@
 """The decode GEMM + AllReduce model (python -m rawflux.plan gemm_ar): each strategy's time by
-hand on one point, the pick's crossover, the CLI. A design ahead of its kernel (issue 39 item 3)."""
+hand on one point, the pick's crossover, the CLI. The kernel (ops/gemm_ar.py) runs one-shot."""
 from __future__ import annotations
 
 import json
