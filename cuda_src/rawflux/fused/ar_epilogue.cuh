@@ -8,9 +8,10 @@
 //      in TmaStore's buffers and stored to each rank by TMA (a 3-D map per rank, clipped at the
 //      call's m rows); fp32 from registers. Thread 0 then waits for the stores and raises the
 //      fragment's flag on every peer;
-//   2. wait: lane q of warp 0 checks peer q's call record and waits (bounded) for q's flag of the
-//      same fragment; every rank walks the tiles in the same order and sends before it waits, so
-//      the waits are acyclic whenever every CTA of every rank is resident (a persistent grid);
+//   2. wait: lane q of warp 0 waits (bounded) for peer q's flag of the same fragment, once the
+//      side role (warp 1 of the producer warpgroup) has checked every peer's call record; every
+//      rank walks the tiles in the same order and sends before it waits, so the waits are acyclic
+//      whenever every CTA of every rank is resident (a persistent grid);
 //   3. reduce: partial_0 + partial_1 + ... + partial_{W-1} in fp32 in that fixed order, all read
 //      from the local slots (the own one too: the sum stays in the accumulators, no registers
 //      beside them), the bias, one rounding, stored through TmaStore's boxes into out. Same
@@ -85,7 +86,8 @@ struct ArEpilogue {
     static_assert(Cfg::kClusterK == 1, "a k-split cluster computes one tile in two halves: not a GEMM + AllReduce tile");
     return Cfg::kStoreBufs;
   }
-  // Shared state past the staging buffers: the call's epoch (u32 at 0, written by init).
+  // Shared state past the staging buffers: the call's epoch (u32 at 0, written by init), the side
+  // role's verdict on the peers' call records (u32 at 4: 0 not yet, 1 all the same call, 2 not).
   static constexpr int kStateBytes = 64;
   template <class Cfg>
   static constexpr int state_offset() { return bufs<Cfg>() * TmaStore::kBoxBytes * Cfg::kConsumers; }
@@ -112,13 +114,27 @@ struct ArEpilogue {
     }
   }
 
-  // Warp 1 of the producer warpgroup, CTA 0: lane q pushes this call's record into peer q.
+  // Warp 1 of the producer warpgroup, off the consumers' path: in CTA 0 lane q first pushes this
+  // call's record into peer q; then in every CTA lane q checks peer q's record (bounded), and lane
+  // 0 posts the verdict for the consumers (state + 4: 1 all made this call, 2 not).
   template <class Cfg, class SchedT>
   static RAWFLUX_DEVICE void side(const Params& ep, const GemmParams&, u32 scratch) {
+    if (threadIdx.x / 32 != 1) return;
+    const u32 state = scratch + state_offset<Cfg>();
     const i32 q = (i32)(threadIdx.x % 32);
-    if (threadIdx.x / 32 != 1 || blockIdx.x != 0 || q >= ep.world || q == ep.rank) return;
-    const u32 e = epoch_of(scratch + state_offset<Cfg>());
-    record_push(reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank)), e, ep.record);
+    const u32 e = epoch_of(state);
+    const bool peer = q < ep.world && q != ep.rank;
+    if (blockIdx.x == 0 && peer) {
+      record_push(reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank)), e, ep.record);
+    }
+    bool ok = true;
+    if (peer) {
+      const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmAr, e);
+      ok = record_check(reinterpret_cast<const u32*>(ep.sync + rs_record_offset(e & 1u, q)), e, ep.record, ctx, q);
+    }
+    ok = __all_sync(0xffffffffu, ok);
+    // release (cta): the lanes' acquires of the peers' records (joined by __all_sync) before the consumers' reads
+    if (q == 0) ptx::st_release_cta_shared_u32(state + 4, ok ? 1u : 2u);
   }
 
   // Stages packed box kBox in its buffer (TmaStore's layout and rotation) and returns its address;
@@ -301,15 +317,18 @@ struct ArEpilogue {
         st_relaxed_sys_u32(flag, e);  // the fence above makes this strong store a release
       }
     }
-    // 2. lane q of warp 0: peer q made the same call, and its partial of this fragment has arrived
+    // 2. every peer made the same call (the side role's verdict), and lane q of warp 0: peer q's
+    //    partial of this fragment has arrived
     bool ok = true;
     if (tc.tid < 32) {
       const i32 q = (i32)tc.tid;
-      if (q < ep.world && q != ep.rank) {
+      const u32 verdict = tc.scratch + state_offset<Cfg>() + 4;
+      ptx::wait_count_geq<false>(verdict, 1u, p.timeout_ns);  // acquire (cta): the side role's acquires of the records
+      ok = ptx::ld_shared_u32(verdict) == 1u;
+      if (ok && q < ep.world && q != ep.rank) {
         const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmAr, e);
-        ok = record_check(reinterpret_cast<const u32*>(ep.sync + rs_record_offset(parity, q)), e, ep.record, ctx, q);
         const u32* flag = reinterpret_cast<const u32*>(ep.sync + rs_flag_offset(parity, ep.world, q, ep.tiles_cap, tile, tc.consumer));
-        if (ok) ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
+        ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
       }
       ok = __all_sync(0xffffffffu, ok);
     }
