@@ -1,5 +1,5 @@
-"""What rawflux.nn calls below it: the fused ops, the plain GEMM, a gather and an all-reduce over
-the tensor-parallel group. The layers call these through this module's namespace, so tests swap
+"""What rawflux.nn calls below it: the fused ops (GEMM + AllReduce among them), the plain GEMM, a
+gather and an all-reduce over the tensor-parallel group. The layers call these through this module's namespace, so tests swap
 them for reference implementations (tests/cpu/test_nn_cpu.py).
 
 Op objects are the functional rawflux.ag_gemm / rawflux.gemm_rs's own (ops' shared_op), one per
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import baseline
 from ..ops import ag_gemm as _ag
+from ..ops import gemm_ar as _ar
 from ..ops import gemm_rs as _rs
 from ..ops.gemm import gemm as _gemm
 from ..runtime import DType, as_tensor, resolve_stream
@@ -33,6 +34,10 @@ def _rs_op(group, n, k, dtype, layout, partials, m, max_m, stream):
     return _rs.shared_op(group, n, k, dtype, layout, partials or dtype.tag, _need(m, max_m, group.world), stream=stream)
 
 
+def _ar_op(group, n, k, dtype, layout, m, max_m, stream):
+    return _ar.shared_op(group, n, k, dtype, layout, "fp32", max(int(m), int(max_m or 0), 1), stream=stream)
+
+
 def ag_gemm(a, b, group, *, b_layout="nk", bias=None, gathered_out=None, return_gathered=False, max_m=None):
     """AllGather(a) @ b^T ("nk") or @ b ("kn") on the caller's stream (rawflux.AGGemm)."""
     s = resolve_stream(None, [a, b])
@@ -51,9 +56,19 @@ def gemm_rs(a, b, group, *, b_layout="nk", bias=None, partials=None, max_m=None)
     return op(ta, tb, bias=bias, stream=s)
 
 
-def reserve(x, group, m: int, *, ag=None, rs=None, gather_k=None, max_m=None) -> None:
+def gemm_ar(a, b, group, *, b_layout="nk", bias=None, max_m=None):
+    """sum_q a_q @ b_q^T ("nk") or @ b_q ("kn") on every rank, fp32 partials summed in rank order,
+    the bias added and rounded once (rawflux.GemmAR): the layers' GEMM + all-reduce."""
+    s = resolve_stream(None, [a, b])
+    ta, tb = as_tensor(a, "a", stream=s), as_tensor(b, "b_shard", stream=s)
+    n = tb.shape[0] if b_layout == "nk" else tb.shape[1]
+    op = _ar_op(group, n, ta.shape[1], ta.dtype, b_layout, ta.shape[0], max_m, s)
+    return op(ta, tb, bias=bias, stream=s)
+
+
+def reserve(x, group, m: int, *, ag=None, rs=None, ar=None, gather_k=None, max_m=None) -> None:
     """Build, now, the op objects a backward will call for m rows (construction is collective and
-    allocates): ag / rs = (n, k, layout[, partials]); gather_k: a gather of k columns. The autograd
+    allocates): ag / rs / ar = (n, k, layout[, partials]); gather_k: a gather of k columns. The autograd
     engine runs a CUDA backward on a thread of its own; this keeps MPI and allocation on the
     caller's. x: any input of the forward (dtype, device, stream)."""
     if group.world == 1:
@@ -64,6 +79,8 @@ def reserve(x, group, m: int, *, ag=None, rs=None, gather_k=None, max_m=None) ->
         _ag_op(group, ag[0], ag[1], dt, ag[2], m, max_m, s)
     if rs is not None:
         _rs_op(group, rs[0], rs[1], dt, rs[2], rs[3], m, max_m, s)
+    if ar is not None:
+        _ar_op(group, ar[0], ar[1], dt, ar[2], m, max_m, s)
     if gather_k is not None:
         _ag_op(group, GATHER_N, gather_k, dt, "nk", m, max_m, s)
 

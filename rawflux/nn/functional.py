@@ -19,7 +19,8 @@ Notation (rank r of W; a linear layer is y = x @ w^T + b with w of shape (out, i
 
 Rows are gathered rank-major: AllGather(x) = [x_0; x_1; ...]. Without sequence parallelism the
 partial products are reduced in fp32 and rounded once (a decode step's m is small: the bytes do
-not matter, the roundings would). Weight and bias gradients are plain matmuls and sums in the
+not matter, the roundings would): rawflux.gemm_ar with fp32 partials, one kernel, or with ``pg``
+the GEMM and torch.distributed's all-reduce. Weight and bias gradients are plain matmuls and sums in the
 arrays' own framework. Every function issues its work on the caller's stream (torch's current
 stream for torch tensors) and never waits for the device.
 """
@@ -96,6 +97,8 @@ def column_parallel_linear_backward(grad_out, x, weight, group=None, *, gathered
             dx = _ops.gemm_rs(grad_out, weight, g, b_layout="kn", partials=partials, max_m=max_m)
         elif g.world == 1:
             dx = _ops.gemm(grad_out, weight, b_layout="kn")
+        elif pg is None:
+            dx = _ops.gemm_ar(grad_out, weight, g, b_layout="kn", max_m=max_m)
         else:
             dx = _reduced(_ops.gemm(grad_out, weight, b_layout="kn", out_dtype="f32"), g, grad_out.dtype, pg=pg)
     return dx, dw, db
@@ -113,6 +116,8 @@ def row_parallel_linear(x, weight, bias=None, group=None, *, sequence_parallel=T
         return _ops.gemm_rs(x, weight, g, bias=bias, partials=partials, max_m=max_m)
     if g.world == 1:
         return _ops.gemm(x, weight, bias=bias)
+    if pg is None:
+        return _ops.gemm_ar(x, weight, g, bias=bias, max_m=max_m)
     return _reduced(_ops.gemm(x, weight, out_dtype="f32"), g, x.dtype, bias, pg=pg)
 
 

@@ -98,6 +98,8 @@ class _ColumnFn(torch.autograd.Function):
                 _ops.reserve(x, cfg.group, x.shape[0] * cfg.group.world, max_m=cfg.max_m,
                              rs=(weight.shape[1], weight.shape[0], "kn", cfg.partials) if nx else None,
                              gather_k=x.shape[1] if nw and kept is None else None)
+            elif nx and cfg.pg is None and cfg.group.world > 1:  # the backward's GEMM + AllReduce of dx
+                _ops.reserve(x, cfg.group, x.shape[0], max_m=cfg.max_m, ar=(weight.shape[1], weight.shape[0], "kn"))
         ctx.cfg, ctx.has_bias = cfg, bias is not None
         ctx.save_for_backward(x, weight, kept)
         return y

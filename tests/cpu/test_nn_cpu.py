@@ -120,6 +120,17 @@ def fake_gemm_rs(a, b, group, *, b_layout="nk", bias=None, partials=None, max_m=
     return out + bias if bias is not None else out
 
 
+def fake_gemm_ar(a, b, group, *, b_layout="nk", bias=None, max_m=None):
+    sim, r = group.sim, group.rank
+    sim.log[r].append(("gemm_ar", b_layout, id(b)))
+    sim.keys[r].append(("ar", b.shape[0] if b_layout == "nk" else b.shape[1], a.shape[1], b_layout))
+    parts = sim.exchange(r, _mm(a, b, b_layout))
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total + bias if bias is not None else total
+
+
 def fake_gemm(a, b, *, b_layout="nk", bias=None, out_dtype=None):
     c = _mm(a, b, b_layout)
     if bias is not None:
@@ -139,8 +150,10 @@ def fake_all_reduce(x, group, *, pg=None):
     return x
 
 
-def fake_reserve(x, group, m, *, ag=None, rs=None, gather_k=None, max_m=None):
+def fake_reserve(x, group, m, *, ag=None, rs=None, ar=None, gather_k=None, max_m=None):
     mine = group.sim.reserved[group.rank]
+    if ar is not None:
+        mine.add(("ar",) + tuple(ar[:3]))
     if ag is not None:
         mine.add(("ag",) + tuple(ag[:3]))
     if rs is not None:
@@ -151,7 +164,8 @@ def fake_reserve(x, group, m, *, ag=None, rs=None, gather_k=None, max_m=None):
 
 @pytest.fixture
 def fake_ops(monkeypatch):
-    for name, fn in (("ag_gemm", fake_ag_gemm), ("gemm_rs", fake_gemm_rs), ("gemm", fake_gemm), ("all_reduce", fake_all_reduce),
+    for name, fn in (("ag_gemm", fake_ag_gemm), ("gemm_rs", fake_gemm_rs), ("gemm_ar", fake_gemm_ar), ("gemm", fake_gemm),
+                     ("all_reduce", fake_all_reduce),
                      ("gather", fake_gather), ("reserve", fake_reserve)):
         monkeypatch.setattr(_ops, name, fn)
 
@@ -265,7 +279,8 @@ def test_row_parallel_sequence_parallel_matches_linear(fake_ops, world, bias):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_decode_layers_without_sequence_parallelism(fake_ops, world):
     """Column then row without sequence parallelism: every rank takes and returns the whole input;
-    the row layer all-reduces (forward), the column layer's input gradient too (backward)."""
+    the row layer's forward is a GEMM + AllReduce (gemm_ar), the column layer's input gradient too,
+    its op object built in the forward."""
     m, h, f = 3, 16, 8 * world
     up, down = linear(h, f, True, seed=7), linear(f, h, True, seed=8)
     X, G = rand(m, h, seed=9), rand(m, h, seed=10)
@@ -285,7 +300,8 @@ def test_decode_layers_without_sequence_parallelism(fake_ops, world):
         torch.testing.assert_close(cb, cols(up.bias.grad, r, world), **TOL)
         torch.testing.assert_close(rw_, cols(down.weight.grad, r, world), **TOL)
         torch.testing.assert_close(rb, down.bias.grad, **TOL)
-        assert [e[0] for e in sim.log[r]] == ([] if world == 1 else ["all_reduce", "all_reduce"])
+        assert [e[0] for e in sim.log[r]] == ([] if world == 1 else ["gemm_ar", "gemm_ar"])
+        assert sim.reserved[r] == (set() if world == 1 else {("ar", h, f // world, "kn")})  # the column backward's
 
 
 @pytest.mark.parametrize("x_grad", [False, True])
