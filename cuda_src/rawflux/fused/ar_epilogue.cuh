@@ -217,13 +217,13 @@ struct ArEpilogue {
 #pragma unroll
     for (int j = 0; j < kSpan; ++j) {
       const i32 c = col + 8 * j;
-      const u64 at = (u64)c * (2 * kPer);
+      const u64 at = (u64)c * (2 * kPer);  // column c's byte offset in the row
 #pragma unroll
       for (int w = 0; w < 2 * kPer; ++w) v[2 * kPer * j + w] = 0u;
       if (c < n) {
         if constexpr (kPer == 2) {
-          if (ok_a) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j]), "=r"(v[4 * j + 1]) : "l"(row_a + 2 * at) : "memory");
-          if (ok_b) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j + 2]), "=r"(v[4 * j + 3]) : "l"(row_a + row_step + 2 * at) : "memory");
+          if (ok_a) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j]), "=r"(v[4 * j + 1]) : "l"(row_a + at) : "memory");
+          if (ok_b) asm volatile("ld.global.v2.b32 {%0, %1}, [%2];\n" : "=r"(v[4 * j + 2]), "=r"(v[4 * j + 3]) : "l"(row_a + row_step + at) : "memory");
         } else {
           if (ok_a) v[2 * j] = ar::ld_u32(row_a + at);
           if (ok_b) v[2 * j + 1] = ar::ld_u32(row_a + row_step + at);
