@@ -88,7 +88,7 @@ for stage in "$@"; do
       done ;;
     soak)
       # 10,000 random-m calls per fused op and 1,000 graph replays at SOAK_WORLDS (QUICK: 1,000 / 100)
-      log soak; timeout ${SOAK_TIMEOUT:-1800} python3 tests/gpu/soak.py --worlds ${SOAK_WORLDS:-2,4,8} ${REAL:+--real} ${QUICK:+--calls 1000 --replays 100} 2>&1 | keep soak || rc=1 ;;
+      log soak; timeout ${SOAK_TIMEOUT:-1800} python3 tests/gpu/soak.py --worlds ${SOAK_WORLDS:-2,4,8} --ops ${SOAK_OPS:-ag_gemm,gemm_rs,gemm_ar} ${REAL:+--real} ${QUICK:+--calls 1000 --replays 100} 2>&1 | keep soak || rc=1 ;;
     hostcost)
       # the host's time per call: world 1 in one process, then HOST_WORLD ranks (emulated node; REAL: GPUs)
       log host_cost; timeout 120 python3 benchmarks/host_cost.py --json "$OUT/host-cost.json" 2>&1 | grep -a -E "host-cost|Error" || rc=1

@@ -6,7 +6,7 @@
     python tests/gpu/soak.py --real --worlds 8
 
 Per world (this script again with --worker under rawflux-launch), for ag_gemm (every gather path
-the node takes) and gemm_rs, on one op object each, sized once:
+the node takes), gemm_rs and gemm_ar (--ops picks among them), on one op object each, sized once:
   calls      --calls back-to-back calls, m drawn at random (the same sequence on every rank), no
              host synchronisation in the loop: every output is poisoned (NaN) first and its NaN
              count taken on the device; every --sample-th call is also compared with an fp32
@@ -98,14 +98,18 @@ class Op:
             self.op = rawflux.AGGemm(group, max_m, N, K, "bf16", direction=direction, copy=copy)
             self.a = cp.empty((MAX_M_LOC, K), _bf16())
             self.out = cp.empty((max_m, N), _bf16())
-        else:
+        elif kind == "gemm_rs":
             self.op = rawflux.GemmRS(group, max_m, N, K, "bf16")
             self.a = cp.empty((max_m, K), _bf16())
+            self.out = cp.empty((MAX_M_LOC, N), _bf16())
+        else:  # gemm_ar: m = m_loc rows (any m), the whole sum on every rank
+            self.op = rawflux.GemmAR(group, MAX_M_LOC, N, K, "bf16")
+            self.a = cp.empty((MAX_M_LOC, K), _bf16())
             self.out = cp.empty((MAX_M_LOC, N), _bf16())
         self.name = kind + (f"[{path[0]}/{path[1]}]" if path else "")
 
     def a_shape(self, m_loc: int):
-        return (m_loc, K) if self.kind == "ag_gemm" else (m_loc * self.w, K)
+        return (m_loc * self.w, K) if self.kind == "gemm_rs" else (m_loc, K)
 
     def out_shape(self, m_loc: int):
         return (m_loc * self.w, N) if self.kind == "ag_gemm" else (m_loc, N)
@@ -124,9 +128,9 @@ class Op:
             full = cp.concatenate([_f32(_rand((m_loc, K), _seed(base, i, q, 1))) for q in range(self.w)])
             return full @ _f32(_rand((N, K), _seed(base, 0, self.r, 2))).T
         acc = cp.zeros((m_loc, N), cp.float32)
-        rows = slice(self.r * m_loc, (self.r + 1) * m_loc)
+        rows = slice(self.r * m_loc, (self.r + 1) * m_loc) if self.kind == "gemm_rs" else slice(0, m_loc)
         for q in range(self.w):
-            acc += _f32(_rand((m_loc * self.w, K), _seed(base, i, q, 1)))[rows] @ _f32(_rand((N, K), _seed(base, 0, q, 2))).T
+            acc += _f32(_rand(self.a_shape(m_loc), _seed(base, i, q, 1)))[rows] @ _f32(_rand((N, K), _seed(base, 0, q, 2))).T
         return acc
 
     def call(self, a, b, out, stream):
@@ -225,7 +229,8 @@ def worker(args) -> int:
     paths = [("push", "sm"), ("pull", "sm")] if getattr(group, "shares_gpu_under_mps", False) else \
         [("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm")]
     all_ok = True
-    for kind, path in [("ag_gemm", p) for p in paths] + [("gemm_rs", None)]:
+    ops = args.ops.split(",")
+    for kind, path in [("ag_gemm", p) for p in paths if "ag_gemm" in ops] + [(k, None) for k in ("gemm_rs", "gemm_ar") if k in ops]:
         o = Op(kind, group, path)
         for loop, run in (("calls", lambda: soak_calls(o, args.calls, args.sample, args.seed, stream, args.mem_slack_mb)),
                           ("graph", lambda: soak_graph(o, args.replays, args.seed + 1, stream, args.mem_slack_mb))):
@@ -250,7 +255,7 @@ def driver(args) -> int:
 
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
     extra = ["--calls", str(args.calls), "--replays", str(args.replays), "--sample", str(args.sample), "--seed", str(args.seed),
-             "--mem-slack-mb", str(args.mem_slack_mb)]
+             "--mem-slack-mb", str(args.mem_slack_mb), "--ops", args.ops]
     got, failures = run_worlds(__file__, "soak", worlds, extra, real=args.real, timeout_s=args.per_world_timeout,
                                env_defaults={"RAWFLUX_WAIT_TIMEOUT_S": "30"}, needs_pass=True)
     print(counts_summary("soak", got, failures, worlds), flush=True)
@@ -261,6 +266,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="2,4,8")
     ap.add_argument("--real", action="store_true", help="one rank per GPU (rawflux-launch -n) instead of MPS emulation")
+    ap.add_argument("--ops", default="ag_gemm,gemm_rs,gemm_ar", help="comma-separated among ag_gemm, gemm_rs, gemm_ar")
     ap.add_argument("--calls", type=int, default=10_000)
     ap.add_argument("--replays", type=int, default=1_000)
     ap.add_argument("--sample", type=int, default=50, help="compare every N-th call with the reference")
