@@ -231,7 +231,7 @@ def _sources(names, bench, short: bool = False) -> list[str]:
 
 def fused_real_section(cur, bench) -> list[str]:
     out = []
-    for op, title in (("ag_gemm", "AllGather-GEMM"), ("gemm_rs", "GEMM-ReduceScatter")):
+    for op, title in (("ag_gemm", "AllGather-GEMM"), ("gemm_rs", "GEMM-ReduceScatter"), ("gemm_ar", "GEMM + AllReduce")):
         for (o, w, emu), table in sorted(cur.items()):
             if o != op or emu:
                 continue
@@ -500,7 +500,7 @@ def render(results: Path = RESULTS) -> str:
         out += host_section(data["host"])
     if data["tuned"]:
         out += tuned_section(data["tuned"])
-    if any(not emu and op in ("ag_gemm", "gemm_rs") for op, _, emu in cur):
+    if any(not emu and op in ("ag_gemm", "gemm_rs", "gemm_ar") for op, _, emu in cur):
         out += ["## Fused ops on real GPUs", ""]
         out += fused_real_section(cur, data["bench"])
     out += barrier_section(cur, data["bench"])  # a part of the real GPUs' section

@@ -1,6 +1,6 @@
 """The impls the harness times: the non-overlapped baselines (NCCL and ipc collectives), the GEMM
 alone (rawflux.gemm, CuPy, torch), the communication alone (the same collectives), the barrier,
-the fused rawflux ops and PyTorch SymmetricMemory's async-TP ops, and the layer op's model steps
+the fused rawflux ops (ag_gemm, gemm_rs, gemm_ar) and PyTorch SymmetricMemory's async-TP ops, and the layer op's model steps
 (their factories in rawflux/bench/layer.py).
 
 Each factory gets a ``timing.Ctx`` and returns ``run(i)`` (enqueue one execution on
@@ -73,7 +73,7 @@ def _fused(op):
         from .. import baseline
 
         fn = getattr(rawflux, op, None)
-        if fn is None or fn is getattr(baseline, op):
+        if fn is None or fn is getattr(baseline, op, None):
             raise Unavailable(f"rawflux.{op} (fused) is not exported yet")
         out = _empty(ctx, ctx.problem.out_shape)
         sets, group, stream = ctx.sets, ctx.group, ctx.stream
@@ -86,6 +86,73 @@ def _fused(op):
 
 register("ag_gemm", "rawflux", "fused", _fused("ag_gemm"), gemm_ref="rawflux_gemm")
 register("gemm_rs", "rawflux", "fused", _fused("gemm_rs"), gemm_ref="rawflux_gemm")
+register("gemm_ar", "rawflux", "fused", _fused("gemm_ar"), gemm_ref="rawflux_gemm")
+
+
+def _gemm_ar_fp32_parts(ctx):
+    """rawflux.gemm_ar(partials='fp32'): twice the bytes, one rounding (rawflux.nn's decode path)"""
+    import cupy
+
+    import rawflux
+
+    out = _empty(ctx, ctx.problem.out_shape)
+    sets, group, stream = ctx.sets, ctx.group, ctx.stream
+    with cupy.cuda.Device(group.device_id):
+        rawflux.gemm_ar(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials="fp32")
+    return lambda i: rawflux.gemm_ar(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials="fp32")
+
+
+register("gemm_ar", "rawflux.fp32parts", "fused", _gemm_ar_fp32_parts, gemm_ref="rawflux_gemm")
+
+
+def _all_reduce_into(ctx, backend, x) -> None:
+    """x (m, n) summed over the group in place, on ctx.stream: NCCL, or rawflux.nn's IPC all-reduce."""
+    if backend == "nccl":
+        from ..baseline import NCCL_DTYPE, NCCL_SUM
+
+        ctx.group.nccl().allReduce(x.data.ptr, x.data.ptr, x.size, NCCL_DTYPE[ctx.dtype], NCCL_SUM, int(ctx.stream.ptr))
+    else:
+        from ..nn._ops import _ipc_all_reduce
+        from ..runtime import as_tensor
+
+        _ipc_all_reduce(ctx.group, as_tensor(x, "x"), int(ctx.stream.ptr))
+
+
+def _ar_nonoverlap(backend):
+    def factory(ctx):
+        import cupy
+
+        _check_backend(ctx, backend)
+        out = _empty(ctx, ctx.problem.out_shape)
+        sets, stream = ctx.sets, ctx.stream
+
+        def run(i):
+            with stream:
+                cupy.matmul(sets[i]["a"], sets[i]["b"].T, out=out)
+            _all_reduce_into(ctx, backend, out)
+
+        return run
+
+    factory.__doc__ = f"cupy.matmul (cuBLAS), then an in-place all-reduce of (m, n), {backend} backend"
+    return factory
+
+
+def _all_reduce(backend):
+    def factory(ctx):
+        _check_backend(ctx, backend)
+        buf = _empty(ctx, ctx.problem.out_shape)
+        with ctx.stream:
+            buf[...] = ctx.sets[0]["partial"]
+        return lambda i: _all_reduce_into(ctx, backend, buf)  # the sums grow from call to call; the time does not depend on them
+
+    factory.__doc__ = f"all-reduce (sum) of the (m, n) partial, in place, {backend} backend"
+    return factory
+
+
+register("gemm_ar", "nccl+cublas", "nonoverlap", _ar_nonoverlap("nccl"))
+register("gemm_ar", "ipc+cublas", "nonoverlap", _ar_nonoverlap("ipc"))
+register("gemm_ar", "nccl_allreduce", "comm", _all_reduce("nccl"))
+register("gemm_ar", "ipc_allreduce", "comm", _all_reduce("ipc"))
 
 
 def _gemm_rs_fp32_parts(ctx):
@@ -168,7 +235,7 @@ def _rawflux_gemm(ctx):
     return lambda i: rawflux.gemm(_gemm_a(ctx, i), ctx.sets[i]["b"], out=out, stream=stream)
 
 
-for _op in ("ag_gemm", "gemm_rs"):
+for _op in ("ag_gemm", "gemm_rs", "gemm_ar"):
     register(_op, "rawflux_gemm", "gemm", _rawflux_gemm)
     register(_op, "cupy.matmul", "gemm", _cupy_gemm)
     register(_op, "torch.matmul", "gemm", _torch_gemm)
@@ -241,6 +308,17 @@ def _torch_symm(op):
         if op == "ag_gemm":
             def call(i):
                 return torch.ops.symm_mem.fused_all_gather_matmul(a_sets[i], [b_sets[i].t()], 0, name)
+        elif op == "gemm_ar":  # torch.matmul into a symmetric buffer, then symm_mem's one-shot all-reduce
+            from torch.distributed import _symmetric_memory as symm
+
+            if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+                raise Unavailable("this torch has no symm_mem.one_shot_all_reduce")
+            buf = symm.empty(p.gemm_out_shape, dtype=tdt, device=dev)
+            symm.rendezvous(buf, name)
+
+            def call(i):
+                torch.matmul(a_sets[i], b_sets[i].t(), out=buf)
+                return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", name)
         else:
             def call(i):
                 return torch.ops.symm_mem.fused_matmul_reduce_scatter(a_sets[i], b_sets[i].t(), "sum", 0, name)
@@ -253,12 +331,14 @@ def _torch_symm(op):
         torch.cuda.synchronize(dev)
         return run
 
-    factory.__doc__ = f"PyTorch SymmetricMemory async-TP: torch.ops.symm_mem.fused_{'all_gather_matmul' if op == 'ag_gemm' else 'matmul_reduce_scatter'}"
+    what = {"ag_gemm": "fused_all_gather_matmul", "gemm_rs": "fused_matmul_reduce_scatter", "gemm_ar": "one_shot_all_reduce after torch.matmul"}[op]
+    factory.__doc__ = f"PyTorch SymmetricMemory: torch.ops.symm_mem.{what}"
     return factory
 
 
 register("ag_gemm", "torch.symm_mem", "fused", _torch_symm("ag_gemm"))
 register("gemm_rs", "torch.symm_mem", "fused", _torch_symm("gemm_rs"))
+register("gemm_ar", "torch.symm_mem", "fused", _torch_symm("gemm_ar"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .problems import DECODE_SET_M, DEFAULT_M, PRESETS, QUICK_M, Problem, build_
 from .registry import Failed, Unavailable, impls
 from .report import bus_gbps, derive, format_table, now_iso, tflops, write_json
 
-OP_CHOICES = ("ag_gemm", "gemm_rs", "gemm", "barrier", "all", "layer")
+OP_CHOICES = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm", "barrier", "all", "layer")
 DEFAULT_ITERS, QUICK_ITERS = 50, 10
 DEFAULT_WARMUP, QUICK_WARMUP = 10, 3
 FAILED = "FAILED: "  # how a skip reason marks a row whose result was wrong (registry.Failed)
@@ -34,7 +34,7 @@ SET_BUDGET_FRACTION = 0.3  # of a rank's share of GPU memory, for rotating input
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rawflux.bench", description="Time rawflux ops against their baselines (run under mpirun).")
     ap.add_argument("--op", choices=OP_CHOICES, default="all",
-                    help="ag_gemm / gemm_rs: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; "
+                    help="ag_gemm / gemm_rs / gemm_ar: every impl of that op; gemm: the GEMM alone for both; barrier: barrier latency; "
                          "all (default: those); layer: a TP block's training / prefill / decode steps (asked for alone)")
     ap.add_argument("--shapes", default=None,
                     help=f"presets ({', '.join(PRESETS)}; several: 'paper,llama70b'; default paper) or shapes 'm,n,k' / 'n,k' separated by spaces or ';' "
@@ -111,6 +111,7 @@ def plan(op: str) -> list[tuple[str, set | None]]:
     return {
         "ag_gemm": [("ag_gemm", None)],
         "gemm_rs": [("gemm_rs", None)],
+        "gemm_ar": [("gemm_ar", None)],
         "gemm": [("ag_gemm", {"gemm"}), ("gemm_rs", {"gemm"})],
         "barrier": [("barrier", None)],
         "all": [("ag_gemm", None), ("gemm_rs", None), ("barrier", None)],

@@ -2,7 +2,8 @@
 
 Shapes are given as the model's, before the split: AllGather-GEMM splits n over the W ranks
 (column parallel: QKV, MLP up), GEMM-ReduceScatter splits k (row parallel: attention out, MLP
-down); both split m (sequence parallel activations).
+down); both split m (sequence parallel activations). GEMM + AllReduce (decode's row parallel
+layers) splits k only: every rank takes the whole m and ends with the whole (m, n).
 """
 from __future__ import annotations
 
@@ -18,19 +19,21 @@ PRESETS: dict[str, dict[str, list[tuple[str, int, int]]]] = {
     "paper": {
         "ag_gemm": [("mlp_up", 49152, 12288)],
         "gemm_rs": [("mlp_down", 12288, 49152)],
+        "gemm_ar": [("mlp_down", 12288, 49152)],
     },
     # Llama-3 70B: hidden 8192, MLP 28672 (gate and up fused: 57344), 64 query heads and 8 KV
     # heads of 128 (QKV: 8192 + 2 * 1024 = 10240).
     "llama70b": {
         "ag_gemm": [("qkv", 10240, 8192), ("mlp_gate_up", 57344, 8192)],
         "gemm_rs": [("attn_out", 8192, 8192), ("mlp_down", 8192, 28672)],
+        "gemm_ar": [("attn_out", 8192, 8192), ("mlp_down", 8192, 28672)],
     },
 }
 
 
 @dataclass(frozen=True)
 class Problem:
-    op: str  # "ag_gemm" | "gemm_rs" | "barrier"
+    op: str  # "ag_gemm" | "gemm_rs" | "gemm_ar" | "barrier"
     m: int
     n: int
     k: int
@@ -45,14 +48,15 @@ class Problem:
         if min(self.m, self.n, self.k) <= 0:
             return f"m, n, k must be positive (got {self.m}, {self.n}, {self.k})"
         split = "n" if self.op == "ag_gemm" else "k"
-        bad = [name for name, v in (("m", self.m), (split, getattr(self, split))) if v % self.world]
+        dims = (("m", self.m), (split, getattr(self, split))) if self.op != "gemm_ar" else (("k", self.k),)
+        bad = [name for name, v in dims if v % self.world]
         if bad:
             return f"{' and '.join(bad)} not divisible by world {self.world}"
         return None
 
     @property
     def flops_per_rank(self) -> float:
-        """Each rank does 2 m n k / W multiply-adds' worth of FLOPs in either op."""
+        """Each rank does 2 m n k / W multiply-adds' worth of FLOPs in every op."""
         return 2.0 * self.m * self.n * self.k / self.world
 
     # Per-rank shapes. "nk" weight layout (a linear layer's weight), which the harness times.
@@ -68,7 +72,9 @@ class Problem:
 
     @property
     def out_shape(self) -> tuple[int, int]:
-        """AG (m, n/W); RS (m/W, n)."""
+        """AG (m, n/W); RS (m/W, n); AR (m, n)."""
+        if self.op == "gemm_ar":
+            return (self.m, self.n)
         return (self.m, self.n // self.world) if self.op == "ag_gemm" else (self.m // self.world, self.n)
 
     @property
@@ -82,8 +88,9 @@ class Problem:
         return (self.m, self.n // self.world) if self.op == "ag_gemm" else (self.m, self.n)
 
     def comm_elems(self) -> int:
-        """Elements one collective moves per rank's output: AG gathers (m, k); RS reduces (m, n)."""
-        return self.m * (self.k if self.op == "ag_gemm" else self.n)
+        """Elements one collective moves per rank's output: AG gathers (m, k); RS reduces (m, n); an
+        all-reduce counts twice (m, n), so that bus_gbps gives NCCL-tests' 2 (W - 1) / W factor."""
+        return self.m * (self.k if self.op == "ag_gemm" else self.n) * (2 if self.op == "gemm_ar" else 1)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -125,7 +132,7 @@ def parse_shapes(spec: str) -> dict[str, list[tuple[str, int | None, int, int]]]
 
 
 def build_problems(ops, shapes_spec: str, ms, dtypes, world: int) -> list[Problem]:
-    """Every (op, shape, m, dtype) to time, in a stable order. ``ops`` among ag_gemm, gemm_rs."""
+    """Every (op, shape, m, dtype) to time, in a stable order. ``ops`` among ag_gemm, gemm_rs, gemm_ar."""
     parsed = parse_shapes(shapes_spec)
     probs = []
     for op in ops:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-OPS = ("ag_gemm", "gemm_rs", "barrier", "layer")
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "barrier", "layer")
 ROLES = ("fused", "nonoverlap", "gemm", "comm", "barrier")
 
 

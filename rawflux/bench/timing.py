@@ -163,7 +163,7 @@ def run_info(group) -> RunInfo:
 class Ctx:
     """What an impl factory gets. ``sets[i]`` holds one input set as CuPy arrays (per-rank shapes,
     see Problem): ag_gemm: "a" (m/W, k), "b" (n/W, k), "a_full" (m, k); gemm_rs: "a" (m, k/W),
-    "b" (n, k/W), "partial" (m, n); layer: nothing (its rows make torch inputs, as many sets).
+    "b" (n, k/W), "partial" (m, n) (gemm_ar the same); layer: nothing (its rows make torch inputs, as many sets).
     Factories allocate their own outputs; ``cache`` holds what the impls of one problem share."""
 
     problem: Problem
@@ -187,7 +187,7 @@ class Ctx:
 def set_shapes(p: Problem) -> dict[str, tuple[int, int]]:
     if p.op == "ag_gemm":
         return {"a": p.a_shape, "b": p.b_shape, "a_full": p.gemm_a_shape}
-    if p.op == "gemm_rs":
+    if p.op in ("gemm_rs", "gemm_ar"):
         return {"a": p.a_shape, "b": p.b_shape, "partial": p.gemm_out_shape}
     return {}
 

@@ -128,7 +128,8 @@ def test_plan_maps_each_op_choice():
     assert cli.plan("ag_gemm") == [("ag_gemm", None)]
     assert cli.plan("gemm") == [("ag_gemm", {"gemm"}), ("gemm_rs", {"gemm"})]
     assert [op for op, _ in cli.plan("all")] == ["ag_gemm", "gemm_rs", "barrier"]
-    assert set(cli.OP_CHOICES) == {"ag_gemm", "gemm_rs", "gemm", "barrier", "all", "layer"}
+    assert set(cli.OP_CHOICES) == {"ag_gemm", "gemm_rs", "gemm_ar", "gemm", "barrier", "all", "layer"}
+    assert cli.plan("gemm_ar") == [("gemm_ar", None)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,3 +404,27 @@ def test_world_one_has_nothing_exposed_or_overlapped():
     assert f["speedup"] == pytest.approx(7.0 / 7.2)
     assert f["exposed_ms"] is None and f["overlap_eff"] is None
     assert report.format_table(recs).splitlines()[-1].split()[-2:] == ["-", "-"]  # the exposed and overlap columns
+
+
+def test_gemm_ar_rows_and_shapes():
+    """GEMM + AllReduce: k split over the ranks, any m, (m, n) on every rank; its rows are the fused
+    op (16-bit and fp32 partials), cuBLAS then an all-reduce (NCCL, IPC), the all-reduce alone, the
+    GEMM alone, and torch's one-shot all-reduce after torch.matmul."""
+    from rawflux.bench import builtin  # noqa: F401
+
+    p = Problem("gemm_ar", 7, 8192, 28672, "bf16", 8)
+    assert p.check() is None  # any m: every rank takes the whole m
+    assert (p.a_shape, p.b_shape, p.out_shape, p.gemm_out_shape) == ((7, 3584), (8192, 3584), (7, 8192), (7, 8192))
+    assert p.comm_elems() == 2 * 7 * 8192  # an all-reduce: twice a reduce-scatter's bytes on the bus
+    assert "k" in Problem("gemm_ar", 8, 8192, 100, "bf16", 8).check()
+    names = {i.name: i.role for i in registry.impls("gemm_ar")}
+    assert names == {"rawflux": "fused", "rawflux.fp32parts": "fused", "torch.symm_mem": "fused", "nccl+cublas": "nonoverlap",
+                     "ipc+cublas": "nonoverlap", "nccl_allreduce": "comm", "ipc_allreduce": "comm", "rawflux_gemm": "gemm",
+                     "cupy.matmul": "gemm", "torch.matmul": "gemm"}
+    probs = build_problems(["gemm_ar"], "paper,llama70b", [1, 64], ["bf16"], world=8)
+    assert [(q.label, q.m) for q in probs] == [("paper.mlp_down", 1), ("paper.mlp_down", 64), ("llama70b.attn_out", 1),
+                                               ("llama70b.attn_out", 64), ("llama70b.mlp_down", 1), ("llama70b.mlp_down", 64)]
+    emulated = SimpleNamespace(group=SimpleNamespace(bus_ids=["0000:01:00.0"] * 2, nccl=lambda: pytest.fail("NCCL touched")))
+    for impl in registry.impls("gemm_ar", names=["nccl+cublas", "nccl_allreduce"]):
+        with pytest.raises(registry.Unavailable, match="one GPU"):
+            impl.factory(emulated)
