@@ -151,16 +151,21 @@ def soak_calls(o: Op, calls: int, sample: int, base: int, stream, slack_mb: floa
     m_locs = rng.integers(1, MAX_M_LOC + 1, size=calls)
     nans = cp.zeros(calls, cp.int64)
     worst, checked = 0.0, 0
-    # Warm-up, outside the measured run: every m once (plans, kernels, the pool's first blocks for
-    # inputs, outputs and the reference, whose cuBLAS kernels load lazily, per shape, into host
-    # memory), so the memory check sees the steady state only.
+    # Warm-up, outside the measured run: the loop's body once per m (plans, rawflux's kernels, the
+    # pool's first blocks, cuBLAS's kernels for the reference, and CuPy's for the poison and the
+    # NaN count: a first CuPy kernel compile loads NVRTC into host memory), so the memory check
+    # sees the steady state only.
     for m_loc in range(1, MAX_M_LOC + 1):
         with stream:
             a, b = o.fill(base + 1, m_loc, m_loc)
             out = o.out[: o.out_shape(m_loc)[0]]
+            _poison(out)
         o.call(a, b, out, stream)
         with stream:
+            nans[m_loc % calls] = _nan_count(out)
             _rel(out, o.reference(base + 1, m_loc, m_loc))
+    with stream:
+        nans.fill(0)
     o.op.synchronize(stream)
     mem0 = _memory(o.group.device_id)
     t0 = time.perf_counter()
