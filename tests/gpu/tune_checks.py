@@ -2,7 +2,8 @@
 
     python3 tests/gpu/tune_checks.py [--worlds 2,4] [--real] [--per-world-timeout 240]
 
-Checks, at each world W (the emulated node unless --real), for gemm_rs and ag_gemm:
+Checks, at each world W (the emulated node unless --real), for gemm_rs, ag_gemm and gemm_ar
+(at a decode m):
   * tune.<op>: op.tune(m) times its candidates on every rank; every rank ends with the same
     configuration, the chosen one's slowest-rank time is the table's lowest, the default pick was
     timed first, and the run stayed within its budget (+ one candidate);
@@ -42,6 +43,7 @@ def worker(args) -> int:
 
     import rawflux
     from rawflux.ops.ag_gemm import AGGemm
+    from rawflux.ops.gemm_ar import GemmAR
     from rawflux.ops.gemm_rs import GemmRS
 
     comm = MPI.COMM_WORLD
@@ -58,9 +60,11 @@ def worker(args) -> int:
             bad = "; ".join(f"r{q}: {d}" for q, (o, d) in enumerate(every) if not o)
             print(f"tune world={W} {name:18s} {'PASS' if ok else 'FAIL'}  {detail if ok else bad}", flush=True)
 
-    m, n, k = 2048, 2048, 1024
-    for op_name, make, label in (("gemm_rs", lambda: GemmRS(group, m, n, k // W, "bf16"), lambda op, c: c.tile.tag()),
-                                 ("ag_gemm", lambda: AGGemm(group, m, n // W, k, "bf16"), lambda op, c: op._adapt(c, m).tag())):
+    m_ar = 64
+    for op_name, make, label in (("gemm_rs", lambda: GemmRS(group, 2048, 2048, 1024 // W, "bf16"), lambda op, c: c.tile.tag()),
+                                 ("ag_gemm", lambda: AGGemm(group, 2048, 2048 // W, 1024, "bf16"), lambda op, c: op._adapt(c, 2048).tag()),
+                                 ("gemm_ar", lambda: GemmAR(group, m_ar, 2048, 1024 // W, "bf16"), lambda op, c: c.tile.tag())):
+        m, n, k = (m_ar if op_name == "gemm_ar" else 2048), 2048, 1024
         op = make()
         t0 = time.perf_counter()
         try:
@@ -82,15 +86,16 @@ def worker(args) -> int:
         # a fresh op reads the stored result (RAWFLUX_TUNE=cached) and computes right with it
         op = make()
         try:
-            if op_name == "gemm_rs":
+            if op_name in ("gemm_rs", "gemm_ar"):
+                out_rows = m // W if op_name == "gemm_rs" else m
                 a = _rand(cp, (m, k // W), 10 + r)
                 b = _rand(cp, (n, k // W), 20 + r)
-                out = cp.full((m // W, n), cp.nan, dtype=a.dtype)
-                used = op.plan(m).cfg.tile.tag()
+                out = cp.full((out_rows, n), cp.nan, dtype=a.dtype)
+                used = (op.plan(m).cfg if op_name == "gemm_rs" else op.config_for(m)).tile.tag()
                 op(a, b, out=out)
                 full = sum(cp.asarray(x).astype(cp.float64) for x in comm.allgather(cp.asnumpy(
                     a.astype(cp.float32) @ b.astype(cp.float32).T)))
-                want = cp.asarray(full)[r * (m // W):(r + 1) * (m // W)]
+                want = cp.asarray(full)[r * out_rows:(r + 1) * out_rows] if op_name == "gemm_rs" else cp.asarray(full)
             else:
                 a = _rand(cp, (m // W, k), 30 + r)
                 b = _rand(cp, (n // W, k), 40 + r)
@@ -110,6 +115,7 @@ def worker(args) -> int:
     # RAWFLUX_TUNE=on: the first call of an unseen problem tunes it (n drawn per run: the table
     # persists in the cache folder, and a stored entry would be read instead)
     os.environ["RAWFLUX_TUNE"], os.environ["RAWFLUX_TUNE_BUDGET_S"] = "on", str(BUDGET_S)
+    m, k = 2048, 1024
     n = comm.bcast(1024 + 64 * (int(time.time() * 1000) % 64) if r == 0 else None, root=0)
     op = GemmRS(group, m, n, k // W, "bf16")
     try:
