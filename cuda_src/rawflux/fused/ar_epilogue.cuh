@@ -31,6 +31,7 @@
 #include "rawflux/comm/call_record.cuh"
 #include "rawflux/comm/signal.cuh"
 #include "rawflux/comm/wait.cuh"
+#include "rawflux/fused/rs_epilogue.cuh"
 #include "rawflux/fused/rs_layout.cuh"
 #include "rawflux/gemm/epilogue/fragment.cuh"
 #include "rawflux/gemm/epilogue/tma_store.cuh"
@@ -137,43 +138,14 @@ struct ArEpilogue {
     if (q == 0) ptx::st_release_cta_shared_u32(state + 4, ok ? 1u : 2u);
   }
 
-  // Stages packed box kBox in its buffer (TmaStore's layout and rotation) and returns its address;
-  // every thread of the warpgroup calls it, boxes in order.
-  template <class Cfg, int kBox>
-  static RAWFLUX_DEVICE u32 stage_box(const u32 (&v)[TmaStore::kBoxRegs], u32 tid, u32 consumer, u32 scratch) {
-    constexpr int kBufs = bufs<Cfg>();
-    static_assert((Cfg::kWN / 64) % kBufs == 0, "whole rounds of buffers per fragment");
-    const u32 bar = kWarpgroupBarrierBase + consumer;
-    const u32 warp = tid / 32, lane = tid % 32;
-    const u32 half = (lane / 8) % 2, next_block = lane / 16;
-    const u32 row = 16 * warp + 8 * half + lane % 8;
-    const u32 box_addr = scratch + consumer * kBufs * TmaStore::kBoxBytes + (u32)((kBox % kBufs) * TmaStore::kBoxBytes);
-    if (tid == 0) ptx::bulk_wait_read<kBufs - 1>();  // the stores that last read this buffer are done reading it
-    ptx::named_barrier_sync(bar, 128);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const u32 unit = (u32)(2 * q) + next_block;
-      ptx::stmatrix_x4(box_addr + row * 128 + ((unit ^ (row & 7u)) << 4), v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-    }
-    ptx::fence_proxy_async_smem();  // this thread's stmatrix writes before the TMA stores read them
-    ptx::named_barrier_sync(bar, 128);
-    return box_addr;
-  }
-
-  // The fragment's 64-column boxes, packed to 16 bits and staged in order; thread 0 hands each to
-  // issue(shared address, its first column) for its TMA stores and closes a bulk group per box.
+  // The fragment's 64-column boxes packed to 16 bits, staged in TmaStore's buffers and handed to
+  // issue(shared address, first column) by thread 0: GEMM-RS's staging (the same buffers at the
+  // same place in the scratch), one bulk group per box.
   template <class Cfg, class Issue>
   static RAWFLUX_DEVICE void store_boxes(const float (&acc)[Cfg::kAccRegs], const TileCoord& tc, Issue&& issue) {
-    static_for<0, Cfg::kWN / 64>([&](auto box) {
-      constexpr int kBox = decltype(box)::value;
-      u32 v[TmaStore::kBoxRegs];
-      TmaStore::pack_box<Cfg, kBox>(acc, v);
-      const u32 addr = stage_box<Cfg, kBox>(v, tc.tid, tc.consumer, tc.scratch);
-      if (tc.tid == 0) {
-        issue(addr, tc.col0 + 64 * kBox);
-        ptx::bulk_commit();
-      }
-    });
+    static_assert(bufs<Cfg>() == RsEpilogue<kPart>::template bufs<Cfg>() &&
+                  state_offset<Cfg>() == RsEpilogue<kPart>::template state_offset<Cfg>(), "GEMM-RS's staging layout");
+    RsEpilogue<kPart>::template store_boxes<Cfg>(acc, tc, static_cast<Issue&&>(issue));
   }
 
   // fp32 fragment rows of slot (parity, this rank) in peer q (0 = row past m) -> 16-byte stores;
