@@ -319,6 +319,14 @@ class CollectiveOp:
 
         return gather
 
+    def _use_config(self, m: int, cfg) -> None:
+        """Calls of m run ``cfg`` from now on (tuning): for ops that keep their plans per m in
+        ``_plans`` (under ``_plans_lock``) and forced configurations in ``_forced``."""
+        with self._plans_lock:
+            self._forced[m] = cfg
+            self._plans.pop(m, None)
+        self.forget_fast()
+
     def tune_first_use(self, m: int, stream: int) -> None:
         """RAWFLUX_TUNE=on, the first call of m: tune unless every rank holds a stored result
         (collective: every rank makes the same first calls). Skipped inside a graph capture. The op

@@ -346,12 +346,6 @@ class GemmAR(CollectiveOp):
             return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
                                    label=lambda c: c.tile.tag())
 
-    def _use_config(self, m: int, cfg: GemmConfig) -> None:
-        with self._plans_lock:
-            self._forced[m] = cfg
-            self._plans.pop(m, None)
-        self.forget_fast()
-
     # --- the call -------------------------------------------------------------------------------
     def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
         """out (m, n) = sum_q a_q @ b_q^T (+ bias) on every rank. Every check runs before any

@@ -498,13 +498,6 @@ class GemmRS(CollectiveOp):
             return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
                                    label=lambda c: c.tile.tag())
 
-    def _use_config(self, m: int, cfg: GemmConfig) -> None:
-        """Calls of m run ``cfg`` from now on (tuning)."""
-        with self._plans_lock:
-            self._forced[m] = cfg
-            self._plans.pop(m, None)
-        self.forget_fast()
-
     def warmup(self, ms) -> None:
         """Compile and load the kernels for calls of these m (do it before a graph capture)."""
         for m in ms:
