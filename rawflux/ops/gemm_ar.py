@@ -31,20 +31,20 @@ the SMs).
 from __future__ import annotations
 
 import functools
-import struct
 import threading
 from dataclasses import dataclass, replace
 
-from .. import engine, env, tune
+from .. import engine, tune
 from ..dist.layout import OP_GEMM_AR
-from ..engine.launch import tensor_map, tensor_map_3d
+from ..engine.launch import tensor_map_3d
 from ..jit import register
-from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream, wrap_output
+from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, resolve_stream
 from ..tune import GemmConfig, TileConfig
-from ._collective import DTYPE_CODE, FunctionalFast, CollectiveOp, OpCache, bounded_allgather, call_record as _call_record, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FunctionalFast, OpCache, bounded_allgather, call_record as _call_record, resolve_group, scratch_matrix
+from ._row_parallel import RowParallelOp
 # GEMM + AllReduce keeps GEMM-RS's buffer layout (fused/rs_layout.cuh) and epilogue parameter layout
-from .gemm_rs import (EPI_PARAMS_BYTES, EPI_TAIL, MAX_WORLD, PARTIALS, _BIAS_AT, _BIAS_KIND_AT, _LAYOUT_CODE, _ZERO_MAP, _device_key,
-                      flag_offset, record_offset, slot_row, sync_bytes)
+from .gemm_rs import (EPI_PARAMS_BYTES, EPI_TAIL, MAX_WORLD, PARTIALS, _LAYOUT_CODE, _ZERO_MAP, _device_key, flag_offset, record_offset,
+                      slot_row, sync_bytes)
 
 __all__ = ["GemmAR", "gemm_ar", "shared_op", "ar_tiles", "choose_config", "check_op_args", "recv_bytes", "tiles_cap_for",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "ar_epilogue", "gemm_kernel_name"]
@@ -173,21 +173,6 @@ def check_call(a, b_shard, *, n: int, k: int, dtype: DType, b_layout: str, devic
     return Call(ta, tb, bias_ptr, bias_kind, tout, s, fastpath.span(tbias))
 
 
-@dataclass(eq=False)
-class _Fast:
-    """A validated call's launch, for later calls with the same metadata: only the pointers and
-    the stream are checked again (rawflux.runtime.fastpath)."""
-
-    stream: int
-    bound: engine.BoundGemm
-    m: int
-    ldc: int
-    bias_kind: int
-    spans: tuple[int, int, int]  # bytes covered by a, b_shard, bias
-    out_span: int
-    new_out: object  # makes a new output like the validated call's (None: that call passed out=)
-
-
 for _dt in DTYPES:
     for _partials in (_dt.tag, "fp32"):
         for _layout in B_LAYOUTS:
@@ -195,7 +180,7 @@ for _dt in DTYPES:
                 register(KERNEL_FILE, gemm_kernel_name(_t, _dt, _layout, _partials), archs=("sm_90a",))
 
 
-class GemmAR(CollectiveOp):
+class GemmAR(RowParallelOp):
     """GEMM + AllReduce sized once. Collective construction (every rank, same arguments):
 
         op = GemmAR(group, max_m, n, k, dtype, b_layout="nk")
@@ -346,90 +331,13 @@ class GemmAR(CollectiveOp):
             return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
                                    label=lambda c: c.tile.tag())
 
-    # --- the call -------------------------------------------------------------------------------
-    def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
-        """out (m, n) = sum_q a_q @ b_q^T (+ bias) on every rank. Every check runs before any
-        launch; a previous call's device-side failure raises here."""
-        key = fastpath.key(a, b_shard, bias, out)
-        f = self.fast_entry(key)
-        if f is not None:
-            got = self._fast_call(f, a, b_shard, bias, out, stream)
-            if got is not None:
-                return got
-        c = check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
-                       max_m=self.max_m, bias=bias, out=out, stream=stream)
-        res = self._call(c)
-        if key is not None:
-            self.remember_fast(key, self._fast_for(c, res, key[0]))
-        return res
+    # --- the call (rawflux/ops/_row_parallel.py) --------------------------------------------------
+    def out_rows(self, m: int) -> int:
+        return m
 
-    def _fast_for(self, c: Call, res, fw: str) -> _Fast:
-        ta, tb, s, n, dt = c.ta, c.tb, c.stream, self.n, self.dtype
-        m = ta.shape[0]
-        lda = ta.strides[0] if m > 1 else self.k
-        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-        ldc = c.tout.strides[0] if c.tout is not None and m > 1 else n
-        if self.world == 1:
-            bound = self._local_plan(m, s).bind(lda, ldb)
-        else:
-            _, gplan, rest = self._plan_entry(m)
-            if c.bias_kind:
-                rest = rest[:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind) + rest[_BIAS_KIND_AT + 4:]
-            bound = gplan.bind(lda, ldb)
-            bound.set_epilogue(rest, 128)  # everything past the out map: the out map and bias pointer follow per call
-        spans = (fastpath.span(ta), fastpath.span(tb), c.bias_span)
-        new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
-        return _Fast(s, bound, m, ldc, c.bias_kind, spans, fastpath.byte_span(m, n, ldc, dt.itemsize), new_out)
-
-    def _fast_call(self, f: _Fast, a, b_shard, bias, out, stream):
-        """Launch f for these arrays, or None where the validated path must look at the call."""
-        got = self.fast_args(f, a, b_shard, bias, out, stream)
-        if got is None:
-            return None
-        s, out, pa, pb, pc, pbias = got
-        with self._fast_lock:
-            f.bound.point(pa, pb)
-            if f.bound.out_changed(pc, pbias):
-                if self.world == 1:
-                    f.bound.set_epilogue(engine.epilogue_params(engine.plain_epilogue(self.dtype), pc, f.m, self.n, f.ldc, self.dtype,
-                                                                pbias, f.bias_kind))
-                else:
-                    f.bound.set_epilogue(tensor_map(pc, self.dtype, f.m, self.n, f.ldc, 64, 64))
-                    f.bound.set_epilogue(struct.pack("<Q", pbias), 128 + _BIAS_AT)
-            f.bound.launch(s)
-            self.calls += 1
-        return out
-
-    def _call(self, c: Call):
-        """A call whose every argument check_call passed."""
-        ta, tb, s, n, k, dt = c.ta, c.tb, c.stream, self.n, self.k, self.dtype
-        m = ta.shape[0]
-        tc = c.tout if c.tout is not None else new_output((m, n), dt, ta, stream=s)[0]
-        lda = ta.strides[0] if m > 1 else k
-        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-        ldc = tc.strides[0] if m > 1 else n
-        if self.world == 1:
-            self.begin(s, (m,))
-            epi = engine.epilogue_params(engine.plain_epilogue(dt), tc.ptr, m, n, ldc, dt, c.bias_ptr, c.bias_kind)
-            self._local_plan(m, s).launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
-            return wrap_output(ta, tc, stream=s)
-        if m not in self._plans and self.config is None and self.tunable and m not in self._forced and env.tune_mode() == "on":
-            self.tune_first_use(m, s)
-        fields, gplan, rest = self._plan_entry(m)
-        self.begin(s, fields)
-        out_map = tensor_map(tc.ptr, dt, m, n, ldc, 64, 64)
-        if c.bias_kind:
-            rest = (rest[:_BIAS_AT] + struct.pack("<Q", c.bias_ptr) + rest[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind)
-                    + rest[_BIAS_KIND_AT + 4:])
-        gplan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=out_map + rest)
-        return wrap_output(ta, tc, stream=s)
-
-    def _local_plan(self, m: int, stream: int | None):
-        """World 1: the plain GEMM's plan (the configuration rawflux.gemm would pick)."""
-        cfg = self.config or engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.dtype, self.device_id)
-        stream = resolve_stream(None, ()) if stream is None else stream
-        return engine.plan(cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
-                           device_id=self.device_id, stream=stream)
+    def _check_call(self, a, b_shard, bias, out, stream) -> Call:
+        return check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
+                          max_m=self.max_m, bias=bias, out=out, stream=stream)
 
     def __repr__(self) -> str:
         return (f"<rawflux GemmAR rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "

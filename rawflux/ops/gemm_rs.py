@@ -34,15 +34,15 @@ import struct
 import threading
 from dataclasses import dataclass, replace
 
-from .. import engine, env, tune
+from .. import engine, tune
 from ..dist.layout import OP_GEMM_RS
-from ..engine.launch import max_active_clusters, tensor_map, tensor_map_3d
+from ..engine.launch import max_active_clusters, tensor_map_3d
 from ..jit import register
-from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
-                       wrap_output)
+from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, resolve_stream
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, call_record as _call_record, CollectiveOp, OpCache, bounded_allgather, resolve_group, scratch_matrix
+from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, call_record as _call_record, OpCache, bounded_allgather, resolve_group, scratch_matrix
+from ._row_parallel import MAX_WORLD as _RP_MAX_WORLD, RowParallelOp
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
@@ -51,6 +51,7 @@ KERNEL_FILE = "gemm_rs.cu"
 DTYPES = (DType.BF16, DType.F16)
 B_LAYOUTS = ("nk", "kn")
 MAX_WORLD = 8  # kRsMaxWorld: a tensor map per peer rides in the kernel's parameters
+assert MAX_WORLD == _RP_MAX_WORLD
 
 # Partial element types: name -> (kRsPart* code, bytes).
 PARTIALS = {"bf16": (0, 2), "f16": (1, 2), "fp32": (2, 4)}
@@ -66,10 +67,6 @@ FLAGS_PER_TILE = 2
 #   recv, sync, ctrl, bias, recv_peer[8], sync_peer[8], bias_kind, m_loc, tiles_cap, rank, world, slot_rows, record[16]
 EPI_TAIL = struct.Struct(f"<4Q{MAX_WORLD}Q{MAX_WORLD}Q6i{META_WORDS}I")
 EPI_PARAMS_BYTES = 1408  # sizeof(Params): 64-byte aligned (its tensor maps)
-# Offsets past the out map (the per-call part of Params) of bias and bias_kind: the recv maps, then
-# EPI_TAIL's recv, sync, ctrl, bias, the peer tables, bias_kind.
-_BIAS_AT = 128 * MAX_WORLD + 24
-_BIAS_KIND_AT = 128 * MAX_WORLD + 32 + 16 * MAX_WORLD
 _ZERO_MAP = bytes(128)
 
 
@@ -234,22 +231,6 @@ def check_call(a, b_shard, *, n: int, k: int, dtype: DType, b_layout: str, devic
     return Call(ta, tb, bias_ptr, bias_kind, tout, s, fastpath.span(tbias))
 
 
-@dataclass(eq=False)
-class _Fast:
-    """A validated call's launch, for later calls with the same metadata: only the pointers and
-    the stream are checked again (rawflux.runtime.fastpath)."""
-
-    stream: int
-    bound: engine.BoundGemm  # world > 1: the epilogue's Params past the out map written (bias_kind set)
-    m: int
-    m_loc: int
-    ldc: int
-    bias_kind: int
-    spans: tuple[int, int, int]  # bytes covered by a, b_shard, bias
-    out_span: int
-    new_out: object  # makes a new output like the validated call's (None: that call passed out=)
-
-
 @dataclass(frozen=True)
 class RsPlan:
     """Everything a call of a given m launches but the pointers of a, b, out and bias."""
@@ -329,7 +310,7 @@ _register_variants()
 # the op object
 
 
-class GemmRS(CollectiveOp):
+class GemmRS(RowParallelOp):
     """GEMM-ReduceScatter sized once. Collective construction (every rank, same arguments):
 
         op = GemmRS(group, max_m, n, k, dtype, b_layout="nk")
@@ -506,101 +487,16 @@ class GemmRS(CollectiveOp):
             else:
                 self._local_plan(int(m), None)
 
-    # --- the call -------------------------------------------------------------------------------
-    def __call__(self, a, b_shard, *, bias=None, out=None, stream=None):
-        """out (m/W, n) = this rank's rows of sum_q a_q @ b_q^T (+ bias). Every check runs
-        before any launch; a previous call's device-side failure raises here."""
-        key = fastpath.key(a, b_shard, bias, out)
-        f = self.fast_entry(key)
-        if f is not None:
-            got = self._fast_call(f, a, b_shard, bias, out, stream)
-            if got is not None:
-                return got
-        c = check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
-                       world=self.world, max_m=self.max_m, bias=bias, out=out, stream=stream)
-        res = self._call(c)
-        if key is not None:
-            self.remember_fast(key, self._fast_for(c, res, key[0]))
-        return res
+    # --- the call (rawflux/ops/_row_parallel.py) --------------------------------------------------
+    def out_rows(self, m: int) -> int:
+        return m // self.world
 
-    # --- the fast path (rawflux.runtime.fastpath): a call like a validated one -------------------
-    def _fast_for(self, c: Call, res, fw: str) -> _Fast:
-        """The fast-path entry of validated call c (already launched; res: what it returned)."""
-        ta, tb, s, n, dt = c.ta, c.tb, c.stream, self.n, self.dtype
-        m = ta.shape[0]
-        m_loc = m // self.world
-        lda = ta.strides[0] if m > 1 else self.k
-        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-        ldc = c.tout.strides[0] if c.tout is not None and m_loc > 1 else n
-        if self.world == 1:
-            bound, rest = self._local_plan(m, s).bind(lda, ldb), b""
-        else:
-            _, gplan, rest = self._plan_entry(m)
-            if c.bias_kind:
-                rest = rest[:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind) + rest[_BIAS_KIND_AT + 4:]
-            bound = gplan.bind(lda, ldb)
-            bound.set_epilogue(rest, 128)  # everything past the out map: the out map and bias pointer follow per call
-        spans = (fastpath.span(ta), fastpath.span(tb), c.bias_span)
-        new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
-        return _Fast(s, bound, m, m_loc, ldc, c.bias_kind, spans, fastpath.byte_span(m_loc, n, ldc, dt.itemsize), new_out)
+    def _check_call(self, a, b_shard, bias, out, stream) -> Call:
+        return check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
+                          world=self.world, max_m=self.max_m, bias=bias, out=out, stream=stream)
 
-    def _fast_call(self, f: _Fast, a, b_shard, bias, out, stream):
-        """Launch f for these arrays, or None where the validated path must look at the call."""
-        got = self.fast_args(f, a, b_shard, bias, out, stream)
-        if got is None:
-            return None
-        s, out, pa, pb, pc, pbias = got
-        with self._fast_lock:
-            f.bound.point(pa, pb)
-            if f.bound.out_changed(pc, pbias):
-                if self.world == 1:
-                    f.bound.set_epilogue(engine.epilogue_params(engine.plain_epilogue(self.dtype), pc, f.m, self.n, f.ldc, self.dtype,
-                                                                pbias, f.bias_kind))
-                else:
-                    f.bound.set_epilogue(tensor_map(pc, self.dtype, f.m_loc, self.n, f.ldc, 64, 64))
-                    f.bound.set_epilogue(struct.pack("<Q", pbias), 128 + _BIAS_AT)
-            f.bound.launch(s)
-            self.calls += 1
-        return out
-
-    def _call(self, c: Call):
-        """A call whose every argument check_call passed."""
-        ta, tb, s, n, k, dt, world = c.ta, c.tb, c.stream, self.n, self.k, self.dtype, self.world
-        m = ta.shape[0]
-        m_loc = m // world
-        tc = c.tout if c.tout is not None else new_output((m_loc, n), dt, ta, stream=s)[0]
-        lda = ta.strides[0] if m > 1 else k
-        ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
-        ldc = tc.strides[0] if m_loc > 1 else n
-        if world == 1:
-            self.begin(s, (m,))
-            self._local_gemm(ta, tb, tc, c.bias_ptr, c.bias_kind, lda, ldb, ldc, s)
-            return wrap_output(ta, tc, stream=s)
-        if m not in self._plans and self.config is None and self.tunable and m not in self._forced and env.tune_mode() == "on":
-            self.tune_first_use(m, s)
-        p, gplan, rest = self._plan_entry(m)
-        self.begin(s, p.fields)
-        out_map = tensor_map(tc.ptr, dt, m_loc, n, ldc, 64, 64)
-        if c.bias_kind:
-            rest = (rest[:_BIAS_AT] + struct.pack("<Q", c.bias_ptr) + rest[_BIAS_AT + 8:_BIAS_KIND_AT] + struct.pack("<i", c.bias_kind)
-                    + rest[_BIAS_KIND_AT + 4:])
-        epi = out_map + rest
-        gplan.launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
-        return wrap_output(ta, tc, stream=s)
-
-    def _local_plan(self, m: int, stream: int | None):
-        """World 1: the plain GEMM's plan (the configuration rawflux.gemm would pick); stream None:
-        the current one (warmup)."""
-        cfg = self.config or engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.dtype, self.device_id)
-        stream = resolve_stream(None, ()) if stream is None else stream
-        return engine.plan(cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
-                           device_id=self.device_id, stream=stream)
-
-    def _local_gemm(self, ta, tb, tc, bias_ptr, bias_kind, lda, ldb, ldc, s) -> None:
-        """World 1: the plain GEMM into out."""
-        m, n, dt = ta.shape[0], self.n, self.dtype
-        epi = engine.epilogue_params(engine.plain_epilogue(dt), tc.ptr, m, n, ldc, dt, bias_ptr, bias_kind)
-        self._local_plan(m, s).launch(ta.ptr, tb.ptr, lda=lda, ldb=ldb, stream=s, epilogue_params=epi)
+    def _call_fields(self, head) -> tuple[int, ...]:
+        return head.fields
 
     def __repr__(self) -> str:
         return (f"<rawflux GemmRS rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "

@@ -21,9 +21,7 @@ from tests.fake_group import FakeGroup, OpGroup
 
 @pytest.fixture
 def ar_device(rs_fake_device, monkeypatch):  # noqa: F811
-    """GEMM-RS's faked device, with gemm_ar's own references to the map builders patched too."""
-    monkeypatch.setattr(A, "tensor_map", lambda ptr, dt, rows, cols, ld, br, bc: _fake_map(ptr, engine.abi.TMAP_CODE[dt], rows, cols, ld,
-                                                                                          br, bc))
+    """GEMM-RS's faked device, with gemm_ar's own reference to the 3-D map builder patched too."""
     monkeypatch.setattr(A, "tensor_map_3d", lambda ptr, code, cols, rows, slabs, slab_rows, br, bc: _fake_map(ptr, code, cols, rows,
                                                                                                              slabs, slab_rows, br, bc))
     monkeypatch.setattr(A, "_device_key", lambda device_id: 0)

@@ -15,6 +15,7 @@ from rawflux import engine, tune
 from rawflux.dist.layout import OP_GEMM_RS
 from rawflux.engine import planning as P
 from rawflux.ops import _collective as C
+from rawflux.ops import _row_parallel as RP
 from rawflux.ops import gemm_rs as rs
 from rawflux.runtime import DType, arrays
 from rawflux.tune.rs_order import a_tail_rows as rs_a_tail_rows
@@ -406,7 +407,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(tune, "device_info", lambda dev: tune.DeviceInfo(sms["n"], (9, 0), 50 << 20, "fake"))
     monkeypatch.setattr(L, "tensor_map_code", lambda ptr, code, rows, cols, ld, br, bc: _fake_map(ptr, code, rows, cols, ld, br, bc))
     monkeypatch.setattr(P, "tensor_map_code", lambda ptr, code, rows, cols, ld, br, bc: _fake_map(ptr, code, rows, cols, ld, br, bc))
-    monkeypatch.setattr(rs, "tensor_map", lambda ptr, dt, rows, cols, ld, br, bc: _fake_map(ptr, engine.abi.TMAP_CODE[dt], rows, cols, ld,
+    monkeypatch.setattr(RP, "tensor_map", lambda ptr, dt, rows, cols, ld, br, bc: _fake_map(ptr, engine.abi.TMAP_CODE[dt], rows, cols, ld,
                                                                                            br, bc))
     monkeypatch.setattr(rs, "tensor_map_3d", lambda ptr, code, cols, rows, slabs, slab_rows, br, bc: _fake_map(ptr, code, cols, rows,
                                                                                                               slabs, br, bc))
