@@ -398,8 +398,8 @@ def tax_section(tax, link=None) -> list[str]:
     bars = d.get("bar", 1.03)
     bars = bars if isinstance(bars, dict) else {"gemm_rs": bars}
     out = ["## The fusion tax (one GPU, no link)", "",
-           "Each fused kernel with nothing to wait for against rawflux.gemm's own pick on the same problem.",
-           "Reproduce: `python benchmarks/fusion_tax.py`.", ""]
+           "Each fused kernel with nothing to wait for against rawflux.gemm's pick on the same problem",
+           "(`python benchmarks/fusion_tax.py`).", ""]
     rs = [r for r in d["rows"] if r.get("op", "gemm_rs") == "gemm_rs"]
     if rs:
         bar = bars.get("gemm_rs", 1.03)
@@ -425,8 +425,8 @@ def tax_section(tax, link=None) -> list[str]:
         span = lambda rs: f"{min(r['ratio'] for r in rs):.2f}-{max(r['ratio'] for r in rs):.2f}" if rs else "-"  # noqa: E731
         table = [[str(w), span([r for r in ar if r["world"] == w and r["m"] <= 128]),
                   span([r for r in ar if r["world"] == w and r["m"] > 128])] for w in sorted({r["world"] for r in ar})]
-        out += [f"GEMM + AllReduce (one-shot), {_stamp(name, ar)} Rank 0's kernel, peers mapped locally, GEMM-RS's",
-                f"layers, m = {', '.join(str(m) for m in sorted({r['m'] for r in ar}))}. Cells: fused / rawflux.gemm. Bar <= {bar}.", ""]
+        out += [f"GEMM + AllReduce, {_stamp(name, ar)} Rank 0's kernel, peers local, GEMM-RS's layers,",
+                f"m = {', '.join(str(m) for m in sorted({r['m'] for r in ar}))}. Cells: fused / rawflux.gemm. Bar <= {bar}.", ""]
         out += _table(["W", "m <= 128", "m > 128"], table)
         out += ["", f"{len(ar) - over} of {len(ar)} points within the bar; worst {max(r['ratio'] for r in ar):.3f}.", ""]
     if link:
