@@ -108,86 +108,49 @@ def _gpu_commit():
 
 
 def run_rs(args):
-
-    import torch
-
-    import rawflux
+    """gemm_rs: the fused kernel at world W, peers mapped onto local buffers (rawflux/bench/rs_local.py)."""
     from rawflux.bench.rs_local import local_world
 
-    gpu, commit = _gpu_commit()
-    rows, worst = [], 0.0
-    shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if s[0] in args.shapes.split(",")]
-    for W in [int(x) for x in args.worlds.split(",")]:
-        for name, n, k_all in shapes:
-            k = k_all // W
-            for m in [int(x) for x in args.ms.split(",")]:
-                op = local_world(W, m, n, k, "bf16", partials=args.partials, tax=True)
-                op.preset(m)
-                set_bytes = (m * k + n * k) * 2
-                nsets = max(2, min(16, 4 * L2_BYTES // set_bytes + 1))
-                a = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-                b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-                out = torch.empty(m // W, n, device="cuda", dtype=torch.bfloat16)
-                full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                s = torch.cuda.current_stream().cuda_stream
-
-                def fused(i):
-                    op(a[i], b[i], out=out, stream=s)
-
-                def plain(i):
-                    rawflux.gemm(a[i], b[i], out=full, stream=s)
-
-                same_cfg = op.plan(m).cfg
-
-                def same(i):  # the fused kernel's tile and grid, data-parallel, in the plain GEMM
-                    rawflux.gemm(a[i], b[i], out=full, stream=s, config=same_cfg)
-
-                t_f, t_g, t_s = bench_many([fused, plain, same], nsets, args.reps)
-                torch.cuda.synchronize()
-                if op.failed():
-                    raise RuntimeError(f"fused kernel reported a device-side failure (state {op.failed()})")
-                ratio = t_f / t_g
-                worst = max(worst, ratio)
-                tile = op.plan(m).cfg.tile.tag()
-                print(f"fusion-tax W={W} {name} m={m} n={n} k={k}: fused {t_f * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  "
-                      f"ratio {ratio:.3f} {'ok' if ratio <= BAR else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
-                rows.append({"op": "gemm_rs", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
-                             "partials": args.partials or "bf16", "fused_ms": t_f, "gemm_ms": t_g, "ratio": ratio, "tile": tile, "same_tile_gemm_ms": t_s,
-                             "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
-                             "date": datetime.date.today().isoformat()})
-                del a, b, out, full, op
-                torch.cuda.empty_cache()
-    over = sum(r["ratio"] > BAR for r in rows)
-    print(f"fusion-tax summary: gemm_rs {len(rows) - over}/{len(rows)} points within {BAR}, worst {worst:.3f}")
-    return rows, over
+    return _run_row_parallel(args, "gemm_rs", lambda W, m, n, k: local_world(W, m, n, k, "bf16", partials=args.partials, tax=True),
+                             lambda op, m: op.plan(m).cfg, lambda m, W: m // W, args.ms, BAR, label="")
 
 
 def run_ar(args):
-    """gemm_ar: rank 0's fused kernel with its peers mapped locally (rawflux/bench/ar_local.py)
-    against rawflux.gemm's own pick on (m, n, k_local), at decode m (--ms default AR_MS)."""
+    """gemm_ar: rank 0's fused kernel with its peers mapped locally (rawflux/bench/ar_local.py),
+    at decode m (--ms default AR_MS)."""
+    from rawflux.bench.ar_local import local_ar_tax
+
+    return _run_row_parallel(args, "gemm_ar", lambda W, m, n, k: local_ar_tax(W, m, n, k, "bf16", partials=args.partials),
+                             lambda op, m: op.config_for(m), lambda m, W: m, args.ms if args.ms_given else AR_MS, AR_TAX_BAR,
+                             label="gemm_ar ")
+
+
+def _run_row_parallel(args, op_name: str, make, cfg_of, out_rows, ms: str, bar: float, *, label: str):
+    """The tax of a row-parallel op (gemm_rs, gemm_ar) over the row-parallel shapes: ``make(W, m,
+    n, k)`` the one-rank launcher (op.preset(m) before its calls), ``cfg_of(op, m)`` the
+    configuration it runs, ``out_rows(m, W)`` its output's rows; against rawflux.gemm's own pick
+    on (m, n, k_local) and the plain GEMM on the fused configuration."""
     import torch
 
     import rawflux
-    from rawflux.bench.ar_local import local_ar_tax
 
     gpu, commit = _gpu_commit()
     rows, worst = [], 0.0
     shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if s[0] in args.shapes.split(",")]
-    ms = args.ms if args.ms_given else AR_MS
     for W in [int(x) for x in args.worlds.split(",")]:
         for name, n, k_all in shapes:
             k = k_all // W
             for m in [int(x) for x in ms.split(",")]:
-                op = local_ar_tax(W, m, n, k, "bf16", partials=args.partials)
+                op = make(W, m, n, k)
                 op.preset(m)
                 set_bytes = (m * k + n * k) * 2
                 nsets = max(2, min(16, 4 * L2_BYTES // set_bytes + 1))
                 a = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
                 b = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(nsets)]
-                out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(out_rows(m, W), n, device="cuda", dtype=torch.bfloat16)
                 full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 s = torch.cuda.current_stream().cuda_stream
-                same_cfg = op.config_for(m)
+                same_cfg = cfg_of(op, m)
 
                 def fused(i):
                     op(a[i], b[i], out=out, stream=s)
@@ -205,17 +168,16 @@ def run_ar(args):
                 ratio = t_f / t_g
                 worst = max(worst, ratio)
                 tile = same_cfg.tile.tag()
-                print(f"fusion-tax W={W} gemm_ar {name} m={m} n={n} k={k}: fused {t_f * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  "
-                      f"ratio {ratio:.3f} {'ok' if ratio <= AR_TAX_BAR else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)",
-                      flush=True)
-                rows.append({"op": "gemm_ar", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
+                print(f"fusion-tax W={W} {label}{name} m={m} n={n} k={k}: fused {t_f * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  "
+                      f"ratio {ratio:.3f} {'ok' if ratio <= bar else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
+                rows.append({"op": op_name, "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
                              "partials": args.partials or "bf16", "fused_ms": t_f, "gemm_ms": t_g, "ratio": ratio, "tile": tile,
                              "same_tile_gemm_ms": t_s, "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
                              "date": datetime.date.today().isoformat()})
                 del a, b, out, full, op
                 torch.cuda.empty_cache()
-    over = sum(r["ratio"] > AR_TAX_BAR for r in rows)
-    print(f"fusion-tax summary: gemm_ar {len(rows) - over}/{len(rows)} points within {AR_TAX_BAR}, worst {worst:.3f}")
+    over = sum(r["ratio"] > bar for r in rows)
+    print(f"fusion-tax summary: {op_name} {len(rows) - over}/{len(rows)} points within {bar}, worst {worst:.3f}")
     return rows, over
 
 

@@ -35,7 +35,7 @@ def _rs_op(group, n, k, dtype, layout, partials, m, max_m, stream):
 
 
 def _ar_op(group, n, k, dtype, layout, m, max_m, stream):
-    return _ar.shared_op(group, n, k, dtype, layout, "fp32", max(int(m), int(max_m or 0), 1), stream=stream)
+    return _ar.shared_op(group, n, k, dtype, layout, "fp32", _need(m, max_m, 1), stream=stream)  # any m: no floor of W rows
 
 
 def ag_gemm(a, b, group, *, b_layout="nk", bias=None, gathered_out=None, return_gathered=False, max_m=None):

@@ -6,6 +6,7 @@ receive maps, then rs.EPI_TAIL), and at world 1 both are the plain GEMM into out
 path (checks, the host's fast path, the launch) is one implementation here; an op says only how
 many output rows a call of m has (``out_rows``), how it checks a call (``_check_call``) and what
 its plan of m is (``_plan_entry``: (its plan or record fields, GemmPlan, Params past the out map)).
+The construction's agreement, tuning's driver and the functional form's intake are shared too.
 """
 from __future__ import annotations
 
@@ -14,14 +15,52 @@ from dataclasses import dataclass
 
 from .. import engine, env
 from ..engine.launch import tensor_map
-from ..runtime import fastpath, new_output, resolve_stream, wrap_output
-from ._collective import CollectiveOp
+from ..runtime import DType, as_tensor, fastpath, intake_stream, new_output, resolve_stream, wrap_output
+from ._collective import CollectiveOp, resolve_group, scratch_matrix
 
+DTYPES = (DType.BF16, DType.F16)
+B_LAYOUTS = ("nk", "kn")
+MAX_WORLD = 8  # kRsMaxWorld: a tensor map per peer rides in the kernel's parameters
+# Partial element types: name -> (kRsPart* code, bytes) (fused/rs_layout.cuh).
+PARTIALS = {"bf16": (0, 2), "f16": (1, 2), "fp32": (2, 4)}
 # Offsets past the out map (the per-call part of the Params) of bias and bias_kind: the receive
 # maps, then EPI_TAIL's recv, sync, ctrl, bias, the peer tables, bias_kind (gemm_rs.EPI_TAIL).
-MAX_WORLD = 8
 BIAS_AT = 128 * MAX_WORLD + 24
 BIAS_KIND_AT = 128 * MAX_WORLD + 32 + 16 * MAX_WORLD
+
+
+def check_op_args(op: str, long_name: str, world: int, max_m: int, n: int, k: int, dtype, b_layout: str, partials, *,
+                  rows_per_rank: bool) -> tuple[DType, str]:
+    """Construction arguments of op ``op`` (clear errors before any allocation); returns (DType,
+    partials). rows_per_rank: every rank gets m/W rows, so max_m >= W."""
+    dt = DType.from_any(dtype)
+    if dt not in DTYPES:
+        raise TypeError(f"{op}: dtype {dt.tag} is not supported: use bf16 or f16")
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"{op}: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k), a linear layer's weight) or 'kn' (b_shard is (k, n))")
+    if partials is None:
+        partials = dt.tag
+    if partials not in ("fp32", dt.tag):
+        raise ValueError(f"{op}: partials={partials!r}: use {dt.tag!r} (default: the output's type) or 'fp32' (twice the bytes, "
+                         "one rounding fewer)")
+    for name, v in (("max_m", max_m), ("n", n), ("k", k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{op}: {name}={v!r} must be a positive int")
+    if n % 8 or k % 8:
+        raise ValueError(f"{op}: n={n} and k={k} must be multiples of 8 (16-byte rows for the TMA loads and the stores)")
+    if rows_per_rank and max_m < world:
+        raise ValueError(f"{op}: max_m={max_m} is smaller than the world size {world}: every rank gets m/W >= 1 rows")
+    if world > MAX_WORLD:
+        raise ValueError(f"{op}: world size {world}: {long_name} runs within one node of at most {MAX_WORLD} ranks")
+    return dt, partials
+
+
+def check_same_args(got: list, names: tuple[str, ...], what: str) -> None:
+    """``got``: every rank's construction arguments (``names``' values) followed by two values of
+    its own (device key, grid). A ValueError listing every rank's where any rank differs."""
+    if any(v[:-2] != got[0][:-2] for v in got):
+        listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
+        raise ValueError(f"{what}: ranks build the op with different arguments ({listing}); every rank must pass the same")
 
 
 @dataclass(eq=False)
@@ -68,6 +107,31 @@ class RowParallelOp(CollectiveOp):
         if key is not None:
             self.remember_fast(key, self._fast_for(c, res, key[0]))
         return res
+
+    def _check_m(self, m: int) -> None:
+        raise NotImplementedError
+
+    def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None):
+        """Collective (every rank, the same m): time up to ``top`` configurations for calls of m on
+        scratch inputs and keep the one whose slowest rank is fastest, for this op and in the
+        fused-op table (RAWFLUX_TUNE=cached reads it at the next process's first call of m). Not
+        in a graph capture. Returns the chosen configuration; ``last_tune`` holds the timed rows."""
+        name = type(self).__name__
+        if self.world == 1:
+            raise ValueError(f"{name}.tune: world 1 runs the plain GEMM; tune it with RAWFLUX_TUNE=on (rawflux.gemm)")
+        if self.config is not None:
+            raise ValueError(f"{name}.tune: this op was built with a fixed config")
+        m = int(m)
+        self._check_m(m)
+        import cupy
+
+        s = resolve_stream(stream, ())
+        with self._device():
+            a = scratch_matrix((m, self.k), self.dtype, 1)
+            b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
+            out = cupy.empty((self.out_rows(m), self.n), dtype=self.dtype.np)
+            return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
+                                   label=lambda c: c.tile.tag())
 
     def _strides(self, c, rows: int) -> tuple[int, int, int]:
         """(lda, ldb, ldc) of a checked call (a row count of 1 has no stride of its own)."""
@@ -146,3 +210,39 @@ class RowParallelOp(CollectiveOp):
         stream = resolve_stream(None, ()) if stream is None else stream
         return engine.plan(cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
                            device_id=self.device_id, stream=stream)
+
+
+def functional(name: str, fn_ops, build, a, b_shard, group, *, b_layout: str, bias, out, stream, partials):
+    """A row-parallel op's functional form: the fast path of a call like a validated one, else
+    every argument checked before the op is built or grown (a collective step), so that a rank
+    with a bad argument raises here and its peers at the bounded agreement instead of hanging.
+    ``build(group, ta, tb, n, k, partials, stream)`` runs the op's own checks and returns
+    (the shared op object, the checked Call)."""
+    key = fastpath.key(a, b_shard, bias, out)
+    options = (b_layout, partials)
+    if key is not None:
+        got = fn_ops.call(group, options, key, a, b_shard, bias, out, stream)
+        if got is not None:
+            return got
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"{name}: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k)) or 'kn' (b_shard is (k, n))")
+    if partials is not None and partials not in PARTIALS:
+        raise ValueError(f"{name}: partials={partials!r}: use the output's type (default) or 'fp32'")
+    group = resolve_group(group)
+    s = intake_stream(stream, (a, b_shard, bias, out))
+    ta = as_tensor(a, "a", stream=s, accept=DTYPES)
+    tb = as_tensor(b_shard, "b_shard", stream=s, accept=DTYPES)
+    if ta.ndim != 2 or tb.ndim != 2:
+        raise ValueError(f"{name}: a and b_shard must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
+    if ta.dtype not in DTYPES:
+        raise TypeError(f"{name}: a has dtype {ta.dtype.tag}: use bf16 or f16")
+    m, k = ta.shape
+    n = tb.shape[0] if b_layout == "nk" else tb.shape[1]
+    kb = tb.shape[1] if b_layout == "nk" else tb.shape[0]
+    if kb != k:
+        raise ValueError(f"{name}: a is (m, k) = {tuple(ta.shape)} but b_shard ({b_layout!r}) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
+    op, c = build(group, ta, tb, n, k, partials, s if s is not None else stream)
+    res = op._call(c)
+    if key is not None:
+        fn_ops.remember(options, key, op, op._fast_for(c, res, key[0]))
+    return res

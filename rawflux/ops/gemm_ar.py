@@ -40,8 +40,9 @@ from ..engine.launch import tensor_map_3d
 from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, resolve_stream
 from ..tune import GemmConfig, TileConfig
-from ._collective import DTYPE_CODE, FunctionalFast, OpCache, bounded_allgather, call_record as _call_record, resolve_group, scratch_matrix
-from ._row_parallel import RowParallelOp
+from ._collective import DTYPE_CODE, FunctionalFast, OpCache, bounded_allgather, call_record as _call_record, resolve_group
+from ._row_parallel import B_LAYOUTS, DTYPES, RowParallelOp, check_same_args, functional
+from ._row_parallel import check_op_args as _check_op_args
 # GEMM + AllReduce keeps GEMM-RS's buffer layout (fused/rs_layout.cuh) and epilogue parameter layout
 from .gemm_rs import (EPI_PARAMS_BYTES, EPI_TAIL, MAX_WORLD, PARTIALS, _LAYOUT_CODE, _ZERO_MAP, _device_key, flag_offset, record_offset,
                       slot_row, sync_bytes)
@@ -50,8 +51,6 @@ __all__ = ["GemmAR", "gemm_ar", "shared_op", "ar_tiles", "choose_config", "check
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "ar_epilogue", "gemm_kernel_name"]
 
 KERNEL_FILE = "gemm_ar.cu"
-DTYPES = (DType.BF16, DType.F16)
-B_LAYOUTS = ("nk", "kn")
 AR_SCHED = engine.abi.FUSED_SCHED
 
 
@@ -113,24 +112,7 @@ def choose_config(m: int, n: int, k: int, b_layout: str, dev, ctas: int, part_by
 
 def check_op_args(world: int, max_m: int, n: int, k: int, dtype, b_layout: str, partials) -> tuple[DType, str]:
     """Construction arguments (clear errors before any allocation); returns (DType, partials)."""
-    dt = DType.from_any(dtype)
-    if dt not in DTYPES:
-        raise TypeError(f"GemmAR: dtype {dt.tag} is not supported: use bf16 or f16")
-    if b_layout not in B_LAYOUTS:
-        raise ValueError(f"GemmAR: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k), a linear layer's weight) or 'kn' (b_shard is (k, n))")
-    if partials is None:
-        partials = dt.tag
-    if partials not in ("fp32", dt.tag):
-        raise ValueError(f"GemmAR: partials={partials!r}: use {dt.tag!r} (default: the output's type) or 'fp32' (twice the bytes, "
-                         "one rounding fewer)")
-    for name, v in (("max_m", max_m), ("n", n), ("k", k)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"GemmAR: {name}={v!r} must be a positive int")
-    if n % 8 or k % 8:
-        raise ValueError(f"GemmAR: n={n} and k={k} must be multiples of 8 (16-byte rows for the TMA loads and the stores)")
-    if world > MAX_WORLD:
-        raise ValueError(f"GemmAR: world size {world}: GEMM + AllReduce runs within one node of at most {MAX_WORLD} ranks")
-    return dt, partials
+    return _check_op_args("GemmAR", "GEMM + AllReduce", world, max_m, n, k, dtype, b_layout, partials, rows_per_rank=False)
 
 
 def check_m(m: int, max_m: int) -> None:
@@ -190,8 +172,8 @@ class GemmAR(RowParallelOp):
     of the model's k); dtype: bf16 or f16. partials: the output's type (default) or "fp32".
     config: a fixed GemmConfig for every call (tests, benchmarks; its decomposition is ignored).
     ctas: CTAs of this rank's grid (default: every SM). Buffers: 2 W max_m n (2 or 4) bytes of
-    receive slots and a flag per tile per source. Tuning: ``op.tune(m)`` (collective), or
-    RAWFLUX_TUNE=on at the first call of each m.
+    receive slots and a flag per tile per source. Tuning: ``op.tune(m)`` (collective, as
+    GemmRS.tune), or RAWFLUX_TUNE=on at the first call of each m.
     """
 
     OP_NAME = "gemm_ar"
@@ -217,11 +199,7 @@ class GemmAR(RowParallelOp):
         part_code, part_bytes = PARTIALS[self.partials]
         mine = (self.max_m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[b_layout], part_code)
         got = bounded_allgather(self.group, mine + (_device_key(self.device_id), self.ctas), "GemmAR construction")
-        bad = [q for q, v in enumerate(got) if v[:-2] != got[0][:-2]]
-        if bad:
-            names = ("max_m", "n", "k", "dtype", "b_layout", "partials")
-            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
-            raise ValueError(f"GemmAR: ranks build the op with different arguments ({listing}); every rank must pass the same")
+        check_same_args(got, ("max_m", "n", "k", "dtype", "b_layout", "partials"), "GemmAR")
         self.tile_ctas = min(v[-1] for v in got)  # every rank picks the same tile, for the smallest grid
         self.recv = self.symmetric(recv_bytes(self.max_m, self.world, self.n, part_bytes), "recv")
         self.sync = self.symmetric(sync_bytes(self.world, self.tiles_cap), "sync")
@@ -312,28 +290,12 @@ class GemmAR(RowParallelOp):
             rest.append((tune.estimate_us(m, self.n, self.k, c, self.dev, out_bytes=part_bytes), c))
         return [first] + [c for _, c in sorted(rest, key=lambda x: x[0])][: max(0, top - 1)]
 
-    def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None) -> GemmConfig:
-        """Collective (every rank, the same m): time up to ``top`` configurations for calls of m and
-        keep the one whose slowest rank is fastest (as GemmRS.tune)."""
-        if self.world == 1:
-            raise ValueError("GemmAR.tune: world 1 runs the plain GEMM; tune it with RAWFLUX_TUNE=on (rawflux.gemm)")
-        if self.config is not None:
-            raise ValueError("GemmAR.tune: this op was built with a fixed config")
-        m = int(m)
-        check_m(m, self.max_m)
-        import cupy
-
-        s = resolve_stream(stream, ())
-        with self._device():
-            a = scratch_matrix((m, self.k), self.dtype, 1)
-            b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
-            out = cupy.empty((m, self.n), dtype=self.dtype.np)
-            return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
-                                   label=lambda c: c.tile.tag())
-
     # --- the call (rawflux/ops/_row_parallel.py) --------------------------------------------------
     def out_rows(self, m: int) -> int:
         return m
+
+    def _check_m(self, m: int) -> None:
+        check_m(m, self.max_m)
 
     def _check_call(self, a, b_shard, bias, out, stream) -> Call:
         return check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
@@ -371,40 +333,15 @@ def gemm_ar(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     collectively when m exceeds its capacity; use GemmAR directly to size buffers once (and
     before capturing a CUDA graph).
     """
-    key = fastpath.key(a, b_shard, bias, out)
-    if key is not None:
-        got = _fn_ops.call(group, (b_layout, partials), key, a, b_shard, bias, out, stream)
-        if got is not None:
-            return got
-    if b_layout not in B_LAYOUTS:
-        raise ValueError(f"gemm_ar: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k)) or 'kn' (b_shard is (k, n))")
-    if partials is not None and partials not in PARTIALS:
-        raise ValueError(f"gemm_ar: partials={partials!r}: use the output's type (default) or 'fp32'")
-    options = (b_layout, partials)
-    group = resolve_group(group)
-    # Every argument is checked before the op is built or grown (collective): a rank with a bad
-    # argument raises here, its peers at the bounded agreement instead of hanging.
-    s = intake_stream(stream, (a, b_shard, bias, out))
-    ta = as_tensor(a, "a", stream=s, accept=DTYPES)
-    tb = as_tensor(b_shard, "b_shard", stream=s, accept=DTYPES)
-    if ta.ndim != 2 or tb.ndim != 2:
-        raise ValueError(f"gemm_ar: a and b_shard must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
-    if ta.dtype not in DTYPES:
-        raise TypeError(f"gemm_ar: a has dtype {ta.dtype.tag}: use bf16 or f16")
-    m, k = ta.shape
-    n = tb.shape[0] if b_layout == "nk" else tb.shape[1]
-    kb = tb.shape[1] if b_layout == "nk" else tb.shape[0]
-    if kb != k:
-        raise ValueError(f"gemm_ar: a is (m, k) = {tuple(ta.shape)} but b_shard ({b_layout!r}) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
-    check_m(m, max(m, 1))
-    dt, partials = check_op_args(group.world, max(m, 1), n, k, ta.dtype, b_layout, partials)
-    c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, bias=bias, out=out,
-                   stream=s if s is not None else stream)
-    op = shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)
-    res = op._call(c)
-    if key is not None:
-        _fn_ops.remember(options, key, op, op._fast_for(c, res, key[0]))
-    return res
+    def build(group, ta, tb, n, k, partials, stream):
+        m = ta.shape[0]
+        check_m(m, max(m, 1))
+        dt, partials = check_op_args(group.world, max(m, 1), n, k, ta.dtype, b_layout, partials)
+        c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, bias=bias, out=out, stream=stream)
+        return shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream), c
+
+    return functional("gemm_ar", _fn_ops, build, a, b_shard, group, b_layout=b_layout, bias=bias, out=out, stream=stream,
+                      partials=partials)
 
 
 _fn_ops = FunctionalFast()  # the functional form's fast path

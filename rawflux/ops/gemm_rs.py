@@ -41,20 +41,14 @@ from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, resolve_stream
 from ..tune import GemmConfig, TileConfig
 from ..tune.rs_order import a_tail_rows, per_owner_tiles, rows_per_owner
-from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, call_record as _call_record, OpCache, bounded_allgather, resolve_group, scratch_matrix
-from ._row_parallel import MAX_WORLD as _RP_MAX_WORLD, RowParallelOp
+from ._collective import DTYPE_CODE, FunctionalFast, META_WORDS, call_record as _call_record, OpCache, bounded_allgather, resolve_group
+from ._row_parallel import B_LAYOUTS, DTYPES, MAX_WORLD, PARTIALS, RowParallelOp, check_same_args, functional
+from ._row_parallel import check_op_args as _check_op_args
 
 __all__ = ["GemmRS", "gemm_rs", "shared_op", "PARTIALS", "RsPlan", "plan_call", "choose_config", "check_op_args", "rs_tiles",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "recv_bytes", "tiles_cap_for", "EPI_PARAMS_BYTES"]
 
 KERNEL_FILE = "gemm_rs.cu"
-DTYPES = (DType.BF16, DType.F16)
-B_LAYOUTS = ("nk", "kn")
-MAX_WORLD = 8  # kRsMaxWorld: a tensor map per peer rides in the kernel's parameters
-assert MAX_WORLD == _RP_MAX_WORLD
-
-# Partial element types: name -> (kRsPart* code, bytes).
-PARTIALS = {"bf16": (0, 2), "f16": (1, 2), "fp32": (2, 4)}
 _LAYOUT_CODE = {"nk": 0, "kn": 1}
 
 # fused/rs_layout.cuh
@@ -162,26 +156,7 @@ def _device_key(device_id: int) -> int:
 
 def check_op_args(world: int, max_m: int, n: int, k: int, dtype, b_layout: str, partials) -> tuple[DType, str]:
     """Construction arguments (clear errors before any allocation); returns (DType, partials)."""
-    dt = DType.from_any(dtype)
-    if dt not in DTYPES:
-        raise TypeError(f"GemmRS: dtype {dt.tag} is not supported: use bf16 or f16")
-    if b_layout not in B_LAYOUTS:
-        raise ValueError(f"GemmRS: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k), a linear layer's weight) or 'kn' (b_shard is (k, n))")
-    if partials is None:
-        partials = dt.tag
-    if partials not in ("fp32", dt.tag):
-        raise ValueError(f"GemmRS: partials={partials!r}: use {dt.tag!r} (default: the output's type) or 'fp32' (twice the bytes, "
-                         "one rounding fewer)")
-    for name, v in (("max_m", max_m), ("n", n), ("k", k)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"GemmRS: {name}={v!r} must be a positive int")
-    if n % 8 or k % 8:
-        raise ValueError(f"GemmRS: n={n} and k={k} must be multiples of 8 (16-byte rows for the TMA loads and the stores)")
-    if max_m < world:
-        raise ValueError(f"GemmRS: max_m={max_m} is smaller than the world size {world}: every rank gets m/W >= 1 rows")
-    if world > MAX_WORLD:
-        raise ValueError(f"GemmRS: world size {world}: GEMM-RS runs within one node of at most {MAX_WORLD} ranks")
-    return dt, partials
+    return _check_op_args("GemmRS", "GEMM-RS", world, max_m, n, k, dtype, b_layout, partials, rows_per_rank=True)
 
 
 def check_m(m: int, max_m: int, world: int) -> int:
@@ -348,11 +323,7 @@ class GemmRS(RowParallelOp):
         # Every rank must build the same op: compare the arguments (bounded) before allocating.
         mine = (self.max_m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[b_layout], part_code)
         got = bounded_allgather(self.group, mine + (_device_key(self.device_id), self.ctas), "GemmRS construction")
-        bad = [q for q, v in enumerate(got) if v[:-2] != got[0][:-2]]
-        if bad:
-            names = ("max_m", "n", "k", "dtype", "b_layout", "partials")
-            listing = "; ".join(f"rank {q}: " + ", ".join(f"{a}={b}" for a, b in zip(names, v)) for q, v in enumerate(got))
-            raise ValueError(f"GemmRS: ranks build the op with different arguments ({listing}); every rank must pass the same")
+        check_same_args(got, ("max_m", "n", "k", "dtype", "b_layout", "partials"), "GemmRS")
         # Every rank picks the same tile (the flag layout and the call check depend on it) while each
         # runs its own grid (an SM cap under MPS may differ): the tile is chosen for the smallest.
         self.tile_ctas = min(v[-1] for v in got)
@@ -458,27 +429,6 @@ class GemmRS(RowParallelOp):
             rest.append((tune.estimate_us(m_eff, self.n, self.k, c, self.dev, out_bytes=part_bytes), c))
         return [first] + [c for _, c in sorted(rest, key=lambda x: x[0])][: max(0, top - 1)]
 
-    def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None) -> GemmConfig:
-        """Collective (every rank, the same m): time up to ``top`` configurations for calls of m on
-        scratch inputs and keep the one whose slowest rank is fastest, for this op and in the
-        fused-op table (RAWFLUX_TUNE=cached reads it at the next process's first call of m). Not
-        in a graph capture. Returns the chosen configuration; ``last_tune`` holds the timed rows."""
-        if self.world == 1:
-            raise ValueError("GemmRS.tune: world 1 runs the plain GEMM; tune it with RAWFLUX_TUNE=on (rawflux.gemm)")
-        if self.config is not None:
-            raise ValueError("GemmRS.tune: this op was built with a fixed config")
-        m = int(m)
-        check_m(m, self.max_m, self.world)
-        import cupy
-
-        s = resolve_stream(stream, ())
-        with self._device():
-            a = scratch_matrix((m, self.k), self.dtype, 1)
-            b = scratch_matrix((self.n, self.k) if self.b_layout == "nk" else (self.k, self.n), self.dtype, 2)
-            out = cupy.empty((m // self.world, self.n), dtype=self.dtype.np)
-            return self.run_tuning(m, lambda: self(a, b, out=out, stream=s), top=top, reps=reps, budget_s=budget_s, stream=s,
-                                   label=lambda c: c.tile.tag())
-
     def warmup(self, ms) -> None:
         """Compile and load the kernels for calls of these m (do it before a graph capture)."""
         for m in ms:
@@ -490,6 +440,9 @@ class GemmRS(RowParallelOp):
     # --- the call (rawflux/ops/_row_parallel.py) --------------------------------------------------
     def out_rows(self, m: int) -> int:
         return m // self.world
+
+    def _check_m(self, m: int) -> None:
+        check_m(m, self.max_m, self.world)
 
     def _check_call(self, a, b_shard, bias, out, stream) -> Call:
         return check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
@@ -531,40 +484,16 @@ def gemm_rs(a, b_shard, group=None, *, b_layout: str = "nk", bias=None, out=None
     on first use and grown collectively when m exceeds its capacity; use GemmRS directly to size
     buffers once (and before capturing a CUDA graph).
     """
-    key = fastpath.key(a, b_shard, bias, out)
-    if key is not None:
-        got = _fn_ops.call(group, (b_layout, partials), key, a, b_shard, bias, out, stream)
-        if got is not None:
-            return got
-    if b_layout not in B_LAYOUTS:
-        raise ValueError(f"gemm_rs: b_layout={b_layout!r}: use 'nk' (b_shard is (n, k)) or 'kn' (b_shard is (k, n))")
-    if partials is not None and partials not in PARTIALS:
-        raise ValueError(f"gemm_rs: partials={partials!r}: use the output's type (default) or 'fp32'")
-    options = (b_layout, partials)
-    group = resolve_group(group)
-    # Every argument is checked before the op is built or grown (collective): a rank with a bad
-    # argument raises here, its peers at the bounded agreement instead of hanging.
-    s = intake_stream(stream, (a, b_shard, bias, out))
-    ta = as_tensor(a, "a", stream=s, accept=DTYPES)
-    tb = as_tensor(b_shard, "b_shard", stream=s, accept=DTYPES)
-    if ta.ndim != 2 or tb.ndim != 2:
-        raise ValueError(f"gemm_rs: a and b_shard must be 2-D matrices, got shapes {tuple(ta.shape)} and {tuple(tb.shape)}")
-    if ta.dtype not in DTYPES:
-        raise TypeError(f"gemm_rs: a has dtype {ta.dtype.tag}: use bf16 or f16")
-    m, k = ta.shape
-    n = tb.shape[0] if b_layout == "nk" else tb.shape[1]
-    kb = tb.shape[1] if b_layout == "nk" else tb.shape[0]
-    if kb != k:
-        raise ValueError(f"gemm_rs: a is (m, k) = {tuple(ta.shape)} but b_shard ({b_layout!r}) is {tuple(tb.shape)}: k differs ({k} vs {kb})")
-    check_m(m, max(m, 1), group.world)
-    dt, partials = check_op_args(group.world, m, n, k, ta.dtype, b_layout, partials)  # what building the op would refuse
-    c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, world=group.world, bias=bias, out=out,
-                   stream=s if s is not None else stream)
-    op = shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream)
-    res = op._call(c)
-    if key is not None:
-        _fn_ops.remember(options, key, op, op._fast_for(c, res, key[0]))
-    return res
+    def build(group, ta, tb, n, k, partials, stream):
+        m = ta.shape[0]
+        check_m(m, max(m, 1), group.world)
+        dt, partials = check_op_args(group.world, m, n, k, ta.dtype, b_layout, partials)  # what building the op would refuse
+        c = check_call(ta, tb, n=n, k=k, dtype=dt, b_layout=b_layout, device=group.device_id, world=group.world, bias=bias, out=out,
+                       stream=stream)
+        return shared_op(group, n, k, dt, b_layout, partials, m, stream=c.stream), c
+
+    return functional("gemm_rs", _fn_ops, build, a, b_shard, group, b_layout=b_layout, bias=bias, out=out, stream=stream,
+                      partials=partials)
 
 
 _fn_ops = FunctionalFast()  # the functional form's fast path

@@ -46,12 +46,6 @@ RAWFLUX_DEVICE u32 ld_u32(u64 addr) {
   asm volatile("ld.global.b32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
   return v;
 }
-RAWFLUX_DEVICE void ld_v2_f32(u64 addr, float& a, float& b) {
-  asm volatile("ld.global.v2.f32 {%0, %1}, [%2];\n" : "=f"(a), "=f"(b) : "l"(addr) : "memory");
-}
-RAWFLUX_DEVICE void st_v4f(u64 addr, float a, float b, float c, float d) {
-  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
 
 }  // namespace ar
 
@@ -148,8 +142,7 @@ struct ArEpilogue {
     RsEpilogue<kPart>::template store_boxes<Cfg>(acc, tc, static_cast<Issue&&>(issue));
   }
 
-  // fp32 fragment rows of slot (parity, this rank) in peer q (0 = row past m) -> 16-byte stores;
-  // lane pairs of a quad trade halves so that each lane holds 4 consecutive columns.
+  // The fp32 fragment into slot (parity, this rank) of rank q (a row past m is skipped).
   template <class Cfg>
   static RAWFLUX_DEVICE void send_f32(const Params& ep, const GemmParams& p, const float (&acc)[Cfg::kAccRegs], const TileCoord& tc,
                                       u32 parity, i32 q) {
@@ -157,28 +150,7 @@ struct ArEpilogue {
     const u64 base = ep.recv_peer[q];
     const u64 row_a = ra < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra, p.n) : 0ull;
     const u64 row_b = ra + 8 < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra + 8, p.n) : 0ull;
-    const u32 qd = tc.tid % 4;
-    const bool odd = (qd & 1u) != 0;
-#pragma unroll
-    for (int j = 0; j < Cfg::kAccRegs / 4; j += 2) {
-      const float xa0 = acc[4 * j + 0], xa1 = acc[4 * j + 1], ya0 = acc[4 * j + 4], ya1 = acc[4 * j + 5];
-      const float xb0 = acc[4 * j + 2], xb1 = acc[4 * j + 3], yb0 = acc[4 * j + 6], yb1 = acc[4 * j + 7];
-      const float ra0 = __shfl_xor_sync(0xffffffffu, odd ? xa0 : ya0, 1);
-      const float ra1 = __shfl_xor_sync(0xffffffffu, odd ? xa1 : ya1, 1);
-      const float rb0 = __shfl_xor_sync(0xffffffffu, odd ? xb0 : yb0, 1);
-      const float rb1 = __shfl_xor_sync(0xffffffffu, odd ? xb1 : yb1, 1);
-      const i32 col = odd ? tc.col0 + 8 * (j + 1) + 2 * (i32)(qd - 1) : tc.col0 + 8 * j + 2 * (i32)qd;
-      if (col < p.n) {  // n % 8 == 0: a 4-column chunk is all in or all out
-        if (row_a) {
-          if (odd) ar::st_v4f(row_a + 4ull * (u64)col, ra0, ra1, ya0, ya1);
-          else ar::st_v4f(row_a + 4ull * (u64)col, xa0, xa1, ra0, ra1);
-        }
-        if (row_b) {
-          if (odd) ar::st_v4f(row_b + 4ull * (u64)col, rb0, rb1, yb0, yb1);
-          else ar::st_v4f(row_b + 4ull * (u64)col, xb0, xb1, rb0, rb1);
-        }
-      }
-    }
+    rs::store_rows_f32(row_a, row_b, acc, tc.col0, p.n, tc.tid);  // GEMM-RS's fp32 register stores
   }
 
   // One source's values of n8 blocks [j0, j0 + kSpan) of this thread's fragment (rows ra, ra + 8),
