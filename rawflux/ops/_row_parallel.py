@@ -111,6 +111,10 @@ class RowParallelOp(CollectiveOp):
     def _check_m(self, m: int) -> None:
         raise NotImplementedError
 
+    def __repr__(self) -> str:
+        return (f"<rawflux {type(self).__name__} rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "
+                f"{self.dtype.tag} {self.b_layout} partials={self.partials} ctas={self.ctas}>")
+
     def tune(self, m: int, *, top: int = 6, reps: int = 20, budget_s: float | None = None, stream=None):
         """Collective (every rank, the same m): time up to ``top`` configurations for calls of m on
         scratch inputs and keep the one whose slowest rank is fastest, for this op and in the

@@ -301,10 +301,6 @@ class GemmAR(RowParallelOp):
         return check_call(a, b_shard, n=self.n, k=self.k, dtype=self.dtype, b_layout=self.b_layout, device=self.device_id,
                           max_m=self.max_m, bias=bias, out=out, stream=stream)
 
-    def __repr__(self) -> str:
-        return (f"<rawflux GemmAR rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "
-                f"{self.dtype.tag} {self.b_layout} partials={self.partials} ctas={self.ctas}>")
-
 
 # ------------------------------------------------------------------------------------------------
 # the functional form

@@ -451,10 +451,6 @@ class GemmRS(RowParallelOp):
     def _call_fields(self, head) -> tuple[int, ...]:
         return head.fields
 
-    def __repr__(self) -> str:
-        return (f"<rawflux GemmRS rank {self.rank}/{self.world} max_m={self.max_m} n={self.n} k={self.k} "
-                f"{self.dtype.tag} {self.b_layout} partials={self.partials} ctas={self.ctas}>")
-
 
 # ------------------------------------------------------------------------------------------------
 # the functional form
