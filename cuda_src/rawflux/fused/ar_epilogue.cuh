@@ -8,8 +8,9 @@
 //      in TmaStore's buffers and stored to each rank by TMA (a 3-D map per rank, clipped at the
 //      call's m rows); fp32 from registers. Thread 0 then waits for the stores and raises the
 //      fragment's flag on every peer;
-//   2. wait: lane q of warp 0 waits (bounded) for peer q's flag of the same fragment, once the
-//      side role (warp 1 of the producer warpgroup) has checked every peer's call record; every
+//   2. wait: lane q of warp 1 waits (bounded) for peer q's flag of the same fragment, beside
+//      thread 0's releases; the send itself waits for the side role (warp 1 of the producer
+//      warpgroup) to have read the call's epoch and checked every peer's call record; every
 //      rank walks the tiles in the same order and sends before it waits, so the waits are acyclic
 //      whenever every CTA of every rank is resident (a persistent grid);
 //   3. reduce: partial_0 + partial_1 + ... + partial_{W-1} in fp32 in that fixed order, all read
@@ -21,8 +22,8 @@
 //
 // Buffers are GEMM-RS's layout (fused/rs_layout.cuh) with the whole m: slots of slot_rows = max_m
 // rows per (parity, source), flags per (parity, source, tile = tile_m * tiles_n + tile_n, consumer).
-// Calls are numbered by the sync buffer's epoch (read once per CTA in init; the last CTA to finish
-// advances it). Slot safety: a rank writes parity p again only in call e + 2, which it cannot
+// Calls are numbered by the sync buffer's epoch (read once per CTA by the side role; the last CTA
+// to finish advances it). Slot safety: a rank writes parity p again only in call e + 2, which it cannot
 // start before each peer's call e + 1 raised its flags, after that peer's kernel of call e (the
 // last reader of slot p) ended. A failed wait or a mismatched record is written to the group's
 // Status (CollectiveTimeout / CallMismatch) and the warpgroup stores nothing of that tile; the
@@ -93,15 +94,15 @@ struct ArEpilogue {
   }
 
   static RAWFLUX_DEVICE u32 epoch_of(u32 scratch_state) { return ptx::ld_shared_u32(scratch_state); }
+  static RAWFLUX_DEVICE i64 role_timeout_ns(const Params& ep) {
+    return (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull);  // past any bounded wait of a peer
+  }
 
   template <class Cfg>
   static RAWFLUX_DEVICE void init(const Params& ep, u32 scratch) {
     const u32 state = scratch + state_offset<Cfg>();
 #pragma unroll
     for (int i = 0; i < kStateBytes; i += 8) ptx::st_shared_u64(state + i, 0ull);
-    // Written only by the last CTA of the previous call, after every CTA's read here (finish).
-    const u32 e = ld_volatile_u32(reinterpret_cast<const u32*>(ep.sync + kRsEpochOffset)) + 1u;
-    ptx::st_shared_u32(state, e);  // every role's epoch: the kernel's start barrier orders it before their reads
     ptx::tma_prefetch_desc(&ep.tmap_out);
     if constexpr (kPart != kRsPartF32) {
 #pragma unroll 1
@@ -109,15 +110,20 @@ struct ArEpilogue {
     }
   }
 
-  // Warp 1 of the producer warpgroup, off the consumers' path: in CTA 0 lane q first pushes this
-  // call's record into peer q; then in every CTA lane q checks peer q's record (bounded), and lane
-  // 0 posts the verdict for the consumers (state + 4: 1 all made this call, 2 not).
+  // Warp 1 of the producer warpgroup, off the consumers' path: lane 0 reads the call's epoch
+  // (the sync buffer's word + 1: off the kernel's start, where it would delay the first loads);
+  // in CTA 0 lane q pushes this call's record into peer q; then in every CTA lane q checks peer
+  // q's record (bounded), and lane 0 posts the epoch (state + 0) and the verdict for the
+  // consumers (state + 4: 1 all made this call, 2 not).
   template <class Cfg, class SchedT>
   static RAWFLUX_DEVICE void side(const Params& ep, const GemmParams&, u32 scratch) {
     if (threadIdx.x / 32 != 1) return;
     const u32 state = scratch + state_offset<Cfg>();
     const i32 q = (i32)(threadIdx.x % 32);
-    const u32 e = epoch_of(state);
+    // Written only by the last CTA of the previous call, after every CTA's read here (finish
+    // waits for this role's verdict before it counts the CTA done).
+    u32 e = q == 0 ? ld_volatile_u32(reinterpret_cast<const u32*>(ep.sync + kRsEpochOffset)) + 1u : 0u;
+    e = __shfl_sync(0xffffffffu, e, 0);
     const bool peer = q < ep.world && q != ep.rank;
     if (blockIdx.x == 0 && peer) {
       record_push(reinterpret_cast<u32*>(ep.sync_peer[q] + rs_record_offset(e & 1u, ep.rank)), e, ep.record);
@@ -128,8 +134,17 @@ struct ArEpilogue {
       ok = record_check(reinterpret_cast<const u32*>(ep.sync + rs_record_offset(e & 1u, q)), e, ep.record, ctx, q);
     }
     ok = __all_sync(0xffffffffu, ok);
-    // release (cta): the lanes' acquires of the peers' records (joined by __all_sync) before the consumers' reads
-    if (q == 0) ptx::st_release_cta_shared_u32(state + 4, ok ? 1u : 2u);
+    if (q == 0) {
+      ptx::st_shared_u32(state, e);
+      // release (cta): the epoch above and the lanes' acquires of the peers' records (joined by __all_sync) before the consumers' reads
+      ptx::st_release_cta_shared_u32(state + 4, ok ? 1u : 2u);
+    }
+  }
+
+  // The consumers' wait for the side role's verdict; returns it (1: every peer made this call).
+  static RAWFLUX_DEVICE u32 verdict(u32 state, i64 timeout_ns) {
+    ptx::wait_count_geq<false>(state + 4, 1u, timeout_ns);  // acquire (cta): the side role's epoch and its acquires of the records
+    return ptx::ld_shared_u32(state + 4);
   }
 
   // The fragment's 64-column boxes packed to 16 bits, staged in TmaStore's buffers and handed to
@@ -232,7 +247,10 @@ struct ArEpilogue {
   template <class Cfg>
   static RAWFLUX_DEVICE void store(const Params& ep, const GemmParams& p, float (&acc)[Cfg::kAccRegs], const TileCoord& tc) {
     if (tc.row0 >= ep.m) return;  // a warpgroup wholly past the call's rows: nothing sent, nothing awaited, on every rank
-    const u32 e = epoch_of(tc.scratch + state_offset<Cfg>());
+    const u32 state = tc.scratch + state_offset<Cfg>();
+    // a peer that made another call (or none): nothing sent, nothing read; the error is recorded
+    if (verdict(state, p.timeout_ns) != 1u) return;
+    const u32 e = epoch_of(state);
     const u32 parity = e & 1u;
     const i32 tile = tc.tile_m * p.tiles_n + tc.tile_n;
     const u32 bar = kWarpgroupBarrierBase + tc.consumer;
@@ -261,22 +279,18 @@ struct ArEpilogue {
         st_relaxed_sys_u32(flag, e);  // the fence above makes this strong store a release
       }
     }
-    // 2. every peer made the same call (the side role's verdict), and lane q of warp 0: peer q's
-    //    partial of this fragment has arrived
+    // 2. lane q of warp 1 (beside thread 0's release above): peer q's partial of this fragment has arrived
     bool ok = true;
-    if (tc.tid < 32) {
-      const i32 q = (i32)tc.tid;
-      const u32 verdict = tc.scratch + state_offset<Cfg>() + 4;
-      ptx::wait_count_geq<false>(verdict, 1u, p.timeout_ns);  // acquire (cta): the side role's acquires of the records
-      ok = ptx::ld_shared_u32(verdict) == 1u;
-      if (ok && q < ep.world && q != ep.rank) {
+    if (tc.tid / 32 == 1) {
+      const i32 q = (i32)(tc.tid % 32);
+      if (q < ep.world && q != ep.rank) {
         const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmAr, e);
         const u32* flag = reinterpret_cast<const u32*>(ep.sync + rs_flag_offset(parity, ep.world, q, ep.tiles_cap, tile, tc.consumer));
         ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
       }
       ok = __all_sync(0xffffffffu, ok);
     }
-    // joins warp 0: its acquires order every thread's reads of the receive slots below
+    // joins warp 1: its acquires order every thread's reads of the receive slots below
     if (ptx::named_barrier_or(bar, 128, !ok)) return;
     // 3. the fixed-order sum, the bias, one rounding, out
     reduce<Cfg>(ep, p, acc, tc, parity);
@@ -291,11 +305,12 @@ struct ArEpilogue {
 
   template <class Cfg>
   static RAWFLUX_DEVICE void finish(const Params& ep, u32 tid, u32 consumer, u32 scratch) {
-    const u32 e = epoch_of(scratch + state_offset<Cfg>());
     if (tid == 0) ptx::bulk_wait_all();  // out's boxes written (and the staging read) before the CTA ends
     // every consumer thread of the CTA is past its last read of the slots
     ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
     if (consumer == 0 && tid == 0) {
+      verdict(scratch + state_offset<Cfg>(), role_timeout_ns(ep));  // the side role's read of the epoch word (and its epoch) before this CTA counts done
+      const u32 e = epoch_of(scratch + state_offset<Cfg>());
       u32* done = reinterpret_cast<u32*>(ep.sync + kRsDoneOffset);
       // acq_rel: every CTA's read of the epoch word (init) happens before the last one advances it
       const u32 prev = ptx::atom_add_acq_rel_gpu(done, 1u);
