@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import gemm_ar as A
-from ..ops.gemm_rs import FLAGS_OFFSET, FLAGS_PER_TILE, RECORD_BYTES
+from ..ops.gemm_rs import FLAGS_OFFSET, RECORD_BYTES
 from ..dist.layout import OP_GEMM_AR
 from ..ops._collective import call_record
 from .rs_local import _FOREVER, _Buf, _alloc, _bare_op, _group_ctrl, _table
@@ -44,7 +44,7 @@ def local_ar_tax(world: int, max_m: int, n: int, k: int, dtype="bf16", b_layout:
     op._keep = keep
     own = sync[0]
     own[FLAGS_OFFSET:].view(np.uint32)[:] = _FOREVER  # every peer's flag of both parities, for every epoch to come
-    sources, per_source = world * op.rank_sources, 4 * cap * FLAGS_PER_TILE
+    sources, per_source = world * op.rank_sources, 4 * cap * A.FLAGS_PER_TILE
     for parity in (0, 1):  # but this rank's own later k pieces: raised by this kernel's CTAs, really waited for
         for src in range(1, op.rank_sources):
             at = FLAGS_OFFSET + (parity * sources + src) * per_source
