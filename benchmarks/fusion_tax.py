@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -130,11 +129,10 @@ def _run_row_parallel(args, op_name: str, make, cfg_of, out_rows, ms: str, bar: 
     """The tax of a row-parallel op (gemm_rs, gemm_ar) over the row-parallel shapes: ``make(W, m,
     n, k)`` the one-rank launcher (op.preset(m) before its calls), ``cfg_of(op, m)`` the
     configuration it runs, ``out_rows(m, W)`` its output's rows; against rawflux.gemm's own pick
-    on (m, n, k_local) and the plain GEMM on the fused configuration's tile, whole tiles."""
+    on (m, n, k_local) and the plain GEMM on the fused configuration."""
     import torch
 
     import rawflux
-    from rawflux.tune import DP
 
     gpu, commit = _gpu_commit()
     rows, worst = [], 0.0
@@ -152,8 +150,7 @@ def _run_row_parallel(args, op_name: str, make, cfg_of, out_rows, ms: str, bar: 
                 out = torch.empty(out_rows(m, W), n, device="cuda", dtype=torch.bfloat16)
                 full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 s = torch.cuda.current_stream().cuda_stream
-                fused_cfg = cfg_of(op, m)
-                same_cfg = replace(fused_cfg, decomp=DP)  # gemm_ar's k pieces are its sum's sources: the plain GEMM runs whole tiles
+                same_cfg = cfg_of(op, m)
 
                 def fused(i):
                     op(a[i], b[i], out=out, stream=s)
@@ -172,11 +169,10 @@ def _run_row_parallel(args, op_name: str, make, cfg_of, out_rows, ms: str, bar: 
                 worst = max(worst, ratio)
                 tile = same_cfg.tile.tag()
                 print(f"fusion-tax W={W} {label}{name} m={m} n={n} k={k}: fused {t_f * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  "
-                      f"ratio {ratio:.3f} {'ok' if ratio <= bar else 'OVER'}  tile {tile} x{fused_cfg.splits} (plain GEMM on it "
-                      f"{t_s * 1e3:.1f} us)", flush=True)
+                      f"ratio {ratio:.3f} {'ok' if ratio <= bar else 'OVER'}  tile {tile} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
                 rows.append({"op": op_name, "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16",
                              "partials": args.partials or "bf16", "fused_ms": t_f, "gemm_ms": t_g, "ratio": ratio, "tile": tile,
-                             "splits": fused_cfg.splits, "same_tile_gemm_ms": t_s, "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
+                             "same_tile_gemm_ms": t_s, "emulated_link": False, "link_gbps": None, "gpu": gpu, "commit": commit,
                              "date": datetime.date.today().isoformat()})
                 del a, b, out, full, op
                 torch.cuda.empty_cache()

@@ -28,14 +28,14 @@ def local_ar_tax(world: int, max_m: int, n: int, k: int, dtype="bf16", b_layout:
     tiles = [config.tile] if config is not None else A.ar_tiles(b_layout, partials)
     cap = A.tiles_cap_for(max_m, n, tiles)
     sms = cupy.cuda.Device(0).attributes["MultiProcessorCount"]
+    # distinct stand-ins, so each peer's send lands where it would on that peer
+    recv = [_alloc(A.recv_bytes(max_m, world, n, part_bytes), keep) for _ in range(world)]
+    sync = [_alloc(A.sync_bytes(world, cap), keep) for _ in range(world)]
     ctrl, status, _ = _group_ctrl(0, world, timeout_s, keep)
     op = _bare_op(A.GemmAR, 0, world, status, timeout_s, ctrl)
     op.dtype, op.partials, op.max_m, op.n, op.k, op.b_layout = dt, partials, max_m, n, k, b_layout
     op._configure(config, sms)
     op.tunable = False  # no group to agree a tuned configuration with: the model's pick
-    # distinct stand-ins, so each peer's send lands where it would on that peer
-    recv = [_alloc(A.recv_bytes(max_m, world, n, part_bytes, op.rank_sources), keep) for _ in range(world)]
-    sync = [_alloc(A.sync_bytes(world * op.rank_sources, cap), keep) for _ in range(world)]
     recv_ptrs = [int(b.data.ptr) for b in recv]
     sync_ptrs = [int(b.data.ptr) for b in sync]
     op.recv = _Buf(ptr=recv_ptrs[0], peer_ptrs=recv_ptrs, peer_table_ptr=_table(recv_ptrs, keep))
@@ -44,11 +44,6 @@ def local_ar_tax(world: int, max_m: int, n: int, k: int, dtype="bf16", b_layout:
     op._keep = keep
     own = sync[0]
     own[FLAGS_OFFSET:].view(np.uint32)[:] = _FOREVER  # every peer's flag of both parities, for every epoch to come
-    sources, per_source = world * op.rank_sources, 4 * cap * A.FLAGS_PER_TILE
-    for parity in (0, 1):  # but this rank's own later k pieces: raised by this kernel's CTAs, really waited for
-        for src in range(1, op.rank_sources):
-            at = FLAGS_OFFSET + (parity * sources + src) * per_source
-            own[at:at + per_source].view(np.uint32)[:] = 0
 
     def preset(m: int) -> None:
         """The peers' call records for calls of m (the record holds m)."""

@@ -47,7 +47,6 @@ class EpilogueTraits:
     deferrable: bool  # Epilogue::kDeferrable: boxes may be held for the next tile (Cfg::kDeferBoxes)
     refill_ok: bool  # no blocks of its own through the ring, so the consumers may refill it
     state_bytes: int  # shared state past the staging buffers (RsEpilogue::kStateBytes)
-    own_splits: bool = False  # Epilogue::kOwnSplits: takes split-K's pieces as they are (no fix-up, no workspace)
 
 
 def epilogue_traits(epilogue: str) -> EpilogueTraits:
@@ -56,7 +55,7 @@ def epilogue_traits(epilogue: str) -> EpilogueTraits:
     if epilogue.startswith(RS_EPILOGUE_PREFIX):
         return EpilogueTraits(staged=True, deferrable=False, refill_ok=False, state_bytes=160)
     if epilogue.startswith(AR_EPILOGUE_PREFIX):
-        return EpilogueTraits(staged=True, deferrable=False, refill_ok=True, state_bytes=64, own_splits=True)
+        return EpilogueTraits(staged=True, deferrable=False, refill_ok=True, state_bytes=64)
     return EpilogueTraits(staged=False, deferrable=False, refill_ok=True, state_bytes=0)
 
 

@@ -17,7 +17,7 @@ from ..jit import get_kernel
 from ..runtime import DType
 from ..tune import GemmConfig, WorkPlan
 from .abi import (GEMM_PARAMS, NOWAIT, NOWAIT_PARAMS, PLAIN_SCHED, TMAP_CODE, KernelOptions, check_options, kernel_name,
-                  epilogue_traits, kernel_options, launch_smem_bytes, narrow_sched, plain_epilogue)
+                  kernel_options, launch_smem_bytes, narrow_sched, plain_epilogue)
 from .launch import LaunchBlock, launch, tensor_map_code, workspace
 
 # Rows of A's TMA box and of its tail box (GemmParams::a_box_rows / a_tail_rows; the rules live in
@@ -68,8 +68,7 @@ def check_config(cfg: GemmConfig, m: int, n: int, k: int, *, sched: str, b_layou
                  sms: int) -> None:
     """ValueError where cfg cannot run on this scheduler / layout / output, before any launch."""
     t = cfg.tile
-    own_splits = epilogue_traits(epilogue).own_splits
-    if sched != PLAIN_SCHED and cfg.decomp.kind != "dp" and not (own_splits and cfg.decomp.kind == "split_k"):
+    if sched != PLAIN_SCHED and cfg.decomp.kind != "dp":
         raise ValueError(f"{sched} does not split k: config {cfg.tag()} needs splits = 1 and no stream-K")
     if cfg.decomp.kind == "narrow" and (t not in tune.NARROW_TILES or b_layout != "nk" or out_dtype == DType.F32
                                         or epilogue != "rawflux::TmaStore"):
@@ -208,7 +207,7 @@ def plan(cfg: GemmConfig, m: int, n: int, k: int, *, dtype: DType, b_layout: str
     opts = options or kernel_options(t, prologue, epilogue, out_dtype)
     work = tune.work_plan(m, n, k, cfg, info.sms)
     ws = ctr = 0
-    if work.splits > 1 and not epilogue_traits(epilogue).own_splits:
+    if work.splits > 1:
         # two counts per (slot, consumer warpgroup): arrived and stored (splitk_fixup)
         ws, ctr = workspace(device_id, stream, work.slots * work.splits * t.bm * t.bn * 4, 2 * work.slots * t.consumers)
     params = pack_params(cfg, m, n, k, work, seg_count=seg_count, seg_start=seg_start, workspace=ws, counters=ctr,

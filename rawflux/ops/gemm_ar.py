@@ -31,7 +31,6 @@ the SMs).
 from __future__ import annotations
 
 import functools
-import struct
 import threading
 from dataclasses import dataclass, replace
 
@@ -41,30 +40,27 @@ from ..engine.launch import tensor_map_3d
 from ..jit import register
 from ..runtime import DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, resolve_stream
 from ..tune import GemmConfig, TileConfig
-from ._collective import DTYPE_CODE, META_WORDS, FunctionalFast, OpCache, bounded_allgather, call_record as _call_record, resolve_group
+from ._collective import DTYPE_CODE, FunctionalFast, OpCache, bounded_allgather, call_record as _call_record, resolve_group
 from ._row_parallel import B_LAYOUTS, DTYPES, RowParallelOp, check_same_args, functional
 from ._row_parallel import check_op_args as _check_op_args
 # GEMM + AllReduce keeps GEMM-RS's buffer layout (fused/rs_layout.cuh) and epilogue parameter layout
-from .gemm_rs import (EPI_PARAMS_BYTES, MAX_WORLD, PARTIALS, _LAYOUT_CODE, _ZERO_MAP, _device_key, flag_offset, record_offset, slot_row,
-                      sync_bytes)
+from .gemm_rs import (EPI_PARAMS_BYTES, EPI_TAIL, MAX_WORLD, PARTIALS, _LAYOUT_CODE, _ZERO_MAP, _device_key, flag_offset, record_offset,
+                      slot_row, sync_bytes)
 
 __all__ = ["GemmAR", "gemm_ar", "shared_op", "ar_tiles", "choose_config", "check_op_args", "recv_bytes", "tiles_cap_for",
            "flag_offset", "record_offset", "slot_row", "sync_bytes", "ar_epilogue", "gemm_kernel_name"]
 
 KERNEL_FILE = "gemm_ar.cu"
 AR_SCHED = engine.abi.FUSED_SCHED
-# ArEpilogue::Params past its tensor maps: GEMM-RS's fields, then rank_sources
-EPI_TAIL = struct.Struct(f"<4Q{MAX_WORLD}Q{MAX_WORLD}Q7i{META_WORDS}I")
-MAX_SPLITS = 2  # k pieces per tile at most (sources per rank in the layout)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-def recv_bytes(max_m: int, world: int, n: int, part_bytes: int, rank_sources: int = 1) -> int:
-    """Receive slots: (parity, source = rank x rank_sources + k piece) x max_m rows x n partials."""
-    return 2 * world * rank_sources * max_m * n * part_bytes
+def recv_bytes(max_m: int, world: int, n: int, part_bytes: int) -> int:
+    """Receive slots: (parity, source) x max_m rows x n partials."""
+    return 2 * world * max_m * n * part_bytes
 
 
 def ar_epilogue(partials: str) -> str:
@@ -97,39 +93,18 @@ def tiles_cap_for(max_m: int, n: int, tiles) -> int:
     return max(_cdiv(max_m, t.bm) * _cdiv(n, t.bn) for t in tiles)
 
 
-def splits_fit(m: int, n: int, k: int, tile: TileConfig, ctas: int, splits: int) -> bool:
-    """True where `splits` k pieces per tile run as one unit per CTA on `ctas` CTAs (the pieces of
-    a tile wait for each other: every one must be resident) with every piece given k blocks."""
-    if splits == 1:
-        return True
-    return _cdiv(m, tile.bm) * _cdiv(n, tile.bn) * splits <= ctas and tune.split_plan(k, splits)[2] == splits
-
-
-def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev, part_bytes: int, world: int) -> float:
-    """The engine's time model of the GEMM (k pieces without a fix-up: they are sources of the sum)
-    plus the sum's reads: W x splits partial tiles per reducing CTA."""
-    t = cfg.tile
-    gemm = tune.estimate_us(m, n, k, cfg, dev, out_bytes=part_bytes, fixup=False)
-    rows = min(t.bm, m)
-    return gemm + 1e6 * world * cfg.splits * rows * t.bn * part_bytes / dev.sm_pull_bytes_per_s
-
-
-def choose_config(m: int, n: int, k: int, b_layout: str, dev, ctas: int, part_bytes: int = 2, tiles=None, world: int = 2,
-                  max_splits: int = 1) -> GemmConfig:
-    """The GEMM configuration of one call on `ctas` CTAs: the tile and the k pieces per tile (up to
-    max_splits, where they fit: splits_fit) by the time model. A pure function of its arguments,
-    so every rank picks the same (the kernel checks the call records)."""
+def choose_config(m: int, n: int, k: int, b_layout: str, dev, ctas: int, part_bytes: int = 2, tiles=None) -> GemmConfig:
+    """The GEMM configuration of one call: data-parallel on `ctas` CTAs, the tile by the engine's
+    time model. A pure function of its arguments, so every rank picks the same (the kernel checks
+    the call records)."""
     best, best_t = None, float("inf")
     for t in tiles or ar_tiles(b_layout, "fp32" if part_bytes == 4 else "bf16"):
         if not t.supports(b_layout):
             continue
-        for s in range(1, max_splits + 1):
-            if not splits_fit(m, n, k, t, ctas, s):
-                continue
-            cfg = GemmConfig(t, tune.DP if s == 1 else tune.Decomp.split_k(s), group=8, raster_n=False, ctas=ctas)
-            us = estimate_us(m, n, k, cfg, dev, part_bytes, world)
-            if us < best_t - 1e-9:
-                best, best_t = cfg, us
+        cfg = GemmConfig(t, tune.DP, group=8, raster_n=False, ctas=ctas)
+        us = tune.estimate_us(m, n, k, cfg, dev, out_bytes=part_bytes)
+        if us < best_t - 1e-9:
+            best, best_t = cfg, us
     if best is None:
         raise ValueError(f"gemm_ar: no tile configuration for layout {b_layout!r}")
     return best
@@ -195,17 +170,15 @@ class GemmAR(RowParallelOp):
 
     max_m: largest m of any call; n: output columns; k: a's columns on each rank (the local share
     of the model's k); dtype: bf16 or f16. partials: the output's type (default) or "fp32".
-    config: a fixed GemmConfig for every call (tests, benchmarks): data-parallel, or split_k(2)
-    (its k pieces need tiles x 2 <= ctas at every m called). ctas: CTAs of this rank's grid
-    (default: every SM). Buffers: 2 W S max_m n (2 or 4) bytes of receive slots and a flag per
-    tile per source, S = 2 where the model splits k at decode (the smallest m: tiles x 2 fit the
-    grid), else 1. Tuning: ``op.tune(m)`` (collective, as
+    config: a fixed GemmConfig for every call (tests, benchmarks; its decomposition is ignored).
+    ctas: CTAs of this rank's grid (default: every SM). Buffers: 2 W max_m n (2 or 4) bytes of
+    receive slots and a flag per tile per source. Tuning: ``op.tune(m)`` (collective, as
     GemmRS.tune), or RAWFLUX_TUNE=on at the first call of each m.
     """
 
     OP_NAME = "gemm_ar"
     OP_ID = OP_GEMM_AR
-    META_FIELDS = ("m", "n", "k", "dtype", "b_layout", "partials", "tile_m", "tile_n", "consumers", "splits")
+    META_FIELDS = ("m", "n", "k", "dtype", "b_layout", "partials", "tile_m", "tile_n", "consumers")
 
     def __init__(self, group, max_m: int, n: int, k: int, dtype, b_layout: str = "nk", *, partials: str | None = None,
                  config: GemmConfig | None = None, ctas: int | None = None):
@@ -228,9 +201,8 @@ class GemmAR(RowParallelOp):
         got = bounded_allgather(self.group, mine + (_device_key(self.device_id), self.ctas), "GemmAR construction")
         check_same_args(got, ("max_m", "n", "k", "dtype", "b_layout", "partials"), "GemmAR")
         self.tile_ctas = min(v[-1] for v in got)  # every rank picks the same tile, for the smallest grid
-        self.rank_sources = self._rank_sources()
-        self.recv = self.symmetric(recv_bytes(self.max_m, self.world, self.n, part_bytes, self.rank_sources), "recv")
-        self.sync = self.symmetric(sync_bytes(self.world * self.rank_sources, self.tiles_cap), "sync")
+        self.recv = self.symmetric(recv_bytes(self.max_m, self.world, self.n, part_bytes), "recv")
+        self.sync = self.symmetric(sync_bytes(self.world, self.tiles_cap), "sync")
         if config is None:
             self.agree_stored()
 
@@ -242,10 +214,7 @@ class GemmAR(RowParallelOp):
         if not 1 <= self.ctas <= self.dev.sms:
             raise ValueError(f"GemmAR: ctas={ctas} must be in 1..{self.dev.sms} (this device has {self.dev.sms} SMs)")
         self.tile_ctas = self.ctas
-        if config is not None and (config.decomp.kind not in ("dp", "split_k") or config.splits > MAX_SPLITS):
-            raise ValueError(f"GemmAR: config {config.tag()} must be data-parallel or split_k(2): the k pieces are the sum's sources")
         self._tiles = [config.tile] if config is not None else list(ar_tiles(self.b_layout, self.partials))
-        self.rank_sources = self._rank_sources()
         self.tiles_cap = tiles_cap_for(self.max_m, self.n, self._tiles)
         self._plans: dict[int, tuple] = {}
         self._plans_lock = threading.Lock()
@@ -254,27 +223,13 @@ class GemmAR(RowParallelOp):
         self.recv = self.sync = None
 
     # --- planning -------------------------------------------------------------------------------
-    def _rank_sources(self) -> int:
-        """Sources per rank in the layout: the config's k pieces, or 2 where the model splits k at
-        m = 1 (the fewest tiles: if that call does not split, none does), else 1."""
-        if self.config is not None:
-            return self.config.splits
-        if self.world == 1:
-            return 1
-        return self._pick(1, MAX_SPLITS).splits
-
-    def _pick(self, m: int, max_splits: int, tiles=None) -> GemmConfig:
-        return choose_config(m, self.n, self.k, self.b_layout, self.dev, self.tile_ctas, PARTIALS[self.partials][1], tiles or self._tiles,
-                             world=self.world, max_splits=max_splits)
-
     def config_for(self, m: int) -> GemmConfig:
         """The configuration calls of this m run (fixed, tuned, stored or the model's pick)."""
         check_m(m, self.max_m)
         cfg = self.config or self._forced.get(m) or self._stored(m)
         if cfg is None:
-            cfg = self._pick(m, self.rank_sources)
-        decomp = tune.Decomp.split_k(cfg.splits) if cfg.decomp.kind == "split_k" else tune.DP
-        return replace(cfg, decomp=decomp, raster_n=False, ctas=self.ctas)
+            cfg = choose_config(m, self.n, self.k, self.b_layout, self.dev, self.tile_ctas, PARTIALS[self.partials][1], self._tiles)
+        return replace(cfg, decomp=tune.DP, raster_n=False, ctas=self.ctas)
 
     def _plan_entry(self, m: int):
         hit = self._plans.get(m)
@@ -284,20 +239,16 @@ class GemmAR(RowParallelOp):
         t = cfg.tile
         if _cdiv(m, t.bm) * _cdiv(self.n, t.bn) > self.tiles_cap:
             raise ValueError(f"gemm_ar: tile {t.tag()} needs more flags than the op holds ({self.tiles_cap})")
-        if cfg.splits > self.rank_sources or not splits_fit(m, self.n, self.k, t, self.tile_ctas, cfg.splits):
-            raise ValueError(f"gemm_ar: config {cfg.tag()} at m={m}: {cfg.splits} k pieces per tile need tiles x pieces <= "
-                             f"{self.tile_ctas} CTAs, k blocks for every piece and a layout of that many sources per rank "
-                             f"({self.rank_sources})")
         gplan = engine.plan(cfg, m, self.n, self.k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=self.dtype,
                             device_id=self.device_id, stream=0, relpath=KERNEL_FILE, sched=AR_SCHED, epilogue=ar_epilogue(self.partials),
                             timeout_ns=self.pipeline_timeout_ns())
         part_code = PARTIALS[self.partials][0]
-        fields = (m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[self.b_layout], part_code, t.bm, t.bn, t.consumers, cfg.splits)
+        fields = (m, self.n, self.k, DTYPE_CODE[self.dtype], _LAYOUT_CODE[self.b_layout], part_code, t.bm, t.bn, t.consumers)
         maps = b"".join(self._recv_map(q, m) for q in range(self.world)) + _ZERO_MAP * (MAX_WORLD - self.world)
         peers = lambda ptrs: list(ptrs) + [0] * (MAX_WORLD - len(ptrs))  # noqa: E731
         tail = EPI_TAIL.pack(self.recv.ptr, self.sync.ptr, self.group_ctrl_ptr, 0, *peers(self.recv.peer_ptrs),
                              *peers(self.sync.peer_ptrs), 0, m, self.tiles_cap, self.rank, self.world, self.max_m,
-                             self.rank_sources, *_call_record(OP_GEMM_AR, fields))
+                             *_call_record(OP_GEMM_AR, fields))
         rest = maps + tail  # Params past the out map, padded to sizeof(Params)
         entry = (fields, gplan, rest + bytes(EPI_PARAMS_BYTES - 128 - len(rest)))
         with self._plans_lock:
@@ -305,11 +256,10 @@ class GemmAR(RowParallelOp):
         return entry
 
     def _recv_map(self, q: int, m: int) -> bytes:
-        """Rank q's receive buffer (this rank's too) as the 3-D (n, m, 2 W S) tensor of 16-bit partials, slots max_m rows apart."""
+        """Rank q's receive buffer (this rank's too) as the 3-D (n, m, 2W) tensor of 16-bit partials, slots max_m rows apart."""
         if self.partials == "fp32":
             return _ZERO_MAP
-        return tensor_map_3d(self.recv.peer_ptrs[q], engine.abi.TMAP_CODE[self.dtype], self.n, m, 2 * self.world * self.rank_sources,
-                             self.max_m, 64, 64)
+        return tensor_map_3d(self.recv.peer_ptrs[q], engine.abi.TMAP_CODE[self.dtype], self.n, m, 2 * self.world, self.max_m, 64, 64)
 
     def warmup(self, ms) -> None:
         """Compile and load the kernels for calls of these m (do it before a graph capture)."""
@@ -325,22 +275,19 @@ class GemmAR(RowParallelOp):
         return self.tune_key(shape, self.dtype.tag)
 
     def _config_ok(self, cfg: GemmConfig) -> bool:
-        return cfg.tile in self._tiles and cfg.splits <= self.rank_sources
+        return cfg.tile in self._tiles
 
     def tune_candidates(self, m: int, top: int = 6) -> list[GemmConfig]:
-        """The model's pick first, then the other (tile, k pieces) by the model's time, `top` in all."""
+        """The model's pick first, then the other tiles by the model's time, `top` in all."""
         part_bytes = PARTIALS[self.partials][1]
-        first = self._pick(m, self.rank_sources)
+        pick = lambda tiles: choose_config(m, self.n, self.k, self.b_layout, self.dev, self.tile_ctas, part_bytes, tiles)  # noqa: E731
+        first = pick(self._tiles)
         rest = []
         for t in self._tiles:
-            if not t.supports(self.b_layout):
+            if t == first.tile or not t.supports(self.b_layout):
                 continue
-            for s in range(1, self.rank_sources + 1):
-                if not splits_fit(m, self.n, self.k, t, self.tile_ctas, s):
-                    continue
-                c = GemmConfig(t, tune.Decomp.split_k(s), group=8, raster_n=False, ctas=self.tile_ctas)
-                if (c.tile, c.splits) != (first.tile, first.splits):
-                    rest.append((estimate_us(m, self.n, self.k, c, self.dev, part_bytes, self.world), c))
+            c = pick([t])
+            rest.append((tune.estimate_us(m, self.n, self.k, c, self.dev, out_bytes=part_bytes), c))
         return [first] + [c for _, c in sorted(rest, key=lambda x: x[0])][: max(0, top - 1)]
 
     # --- the call (rawflux/ops/_row_parallel.py) --------------------------------------------------

@@ -135,10 +135,10 @@ def _b_pull_rows(n: int, t: TileConfig) -> float:
     return worst
 
 
-def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2, fixup: bool = True) -> float:
+def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_bytes: int = 2) -> float:
     """Rough time model: waves x time per work unit, a unit bounded by its tensor work and by the
-    bytes one SM can pull (L2 -> SM), plus split-K's fix-up (fixup=False: an epilogue that sums the
-    pieces itself, GEMM + AllReduce), the whole against the DRAM time of the unique bytes."""
+    bytes one SM can pull (L2 -> SM), plus split-K's fix-up, the whole against the DRAM time of the
+    unique bytes."""
     t = cfg.tile
     if t.cluster_k > 1:  # split-K k2 on the same tile, its fix-up through DSMEM (KSPLIT_RATE)
         return KSPLIT_RATE * estimate_us(m, n, k, GemmConfig(ksplit_base(t), Decomp.split_k(2), cfg.group, cfg.raster_n, cfg.ctas), dev, out_bytes)
@@ -163,13 +163,13 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     # Bytes one CTA pulls per unit (multicast slices count once per cluster).
     unit_bytes = (_a_pull_rows(m, t) + _b_pull_rows(n, t)) * BK * 2.0 * per
     t_unit = max(unit_flops / rate, unit_bytes / _pull_rate(t, dev)) + 2e-6  # + fill, epilogue
-    if splits > 1 and fixup:
+    if splits > 1:
         # Split-K fix-up, after the unit's main loop and not overlapped with it: the fp32 partial
         # written, and (by the last split) every split's partial read back.
         t_unit += (1 + splits) * t.bm * t.bn * 4.0 / dev.fixup_bytes_per_s
     # DRAM: each operand once (L2 reuse inside a wave), C once, split-K partials written and read.
     nbytes = 2.0 * (m * k + n * k) + out_bytes * m * n
-    if splits > 1 and fixup:
+    if splits > 1:
         nbytes += 2.0 * 4 * ctiles * t.cluster_size * t.bm * t.bn * splits
     unit_dram = nbytes / units
 
@@ -182,7 +182,7 @@ def estimate_us(m: int, n: int, k: int, cfg: GemmConfig, dev: DeviceInfo, out_by
     full, rest = divmod(units, slots)
     # A short last wave costs a whole unit time: wave quantization.
     total = full * wave(slots) + (wave(rest) if rest else 0.0)
-    t_fix = 3e-6 if splits > 1 and fixup else 0.0
+    t_fix = 3e-6 if splits > 1 else 0.0
     return (total + t_fix) * 1e6
 
 

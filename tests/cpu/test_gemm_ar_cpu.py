@@ -14,18 +14,9 @@ from rawflux.ops import _collective as C
 from rawflux.ops import gemm_ar as A
 from rawflux.ops import gemm_rs as rs
 from rawflux.runtime import DType
-from tests.cpu.test_gemm_rs_cpu import BASE, TAIL_FIELDS, TAIL_OFFSET, W8, FakeCAI, _fake_map, _nvrtc, _read_map, gemm_params
+from tests.cpu.test_gemm_rs_cpu import BASE, TAIL_FIELDS, TAIL_OFFSET, W8, FakeCAI, _fake_map, _nvrtc, _read_map, epi_tail, gemm_params
 from tests.cpu.test_gemm_rs_cpu import fake_device as rs_fake_device  # noqa: F401 - a fixture, used by ar_device
 from tests.fake_group import FakeGroup, OpGroup
-
-# ArEpilogue::Params past its maps: GEMM-RS's fields (m for m_loc), then rank_sources, then the record
-AR_TAIL_FIELDS = tuple("m" if f == "m_loc" else f for f in TAIL_FIELDS[:-1]) + ("rank_sources", "record")
-
-
-def epi_tail(raw: bytes) -> dict:
-    v = A.EPI_TAIL.unpack(raw[TAIL_OFFSET:TAIL_OFFSET + A.EPI_TAIL.size])
-    vals = v[:4] + (v[4:4 + W8], v[4 + W8:4 + 2 * W8]) + v[4 + 2 * W8:11 + 2 * W8]
-    return dict(zip(AR_TAIL_FIELDS, vals)) | {"record": v[11 + 2 * W8:]}
 
 
 @pytest.fixture
@@ -102,7 +93,8 @@ def _layout_asserts() -> str:
             f'static_assert(ArEpilogue<{code}>::kStateBytes == {epilogue_traits(AR_EPILOGUE_PREFIX).state_bytes}, "{part}: kStateBytes");',
         ]
         off = TAIL_OFFSET
-        for name, fmt in zip(AR_TAIL_FIELDS, ("Q",) * 4 + (f"{W8}Q",) * 2 + ("i",) * 7 + (f"{C.META_WORDS}I",)):
+        for name, fmt in zip(TAIL_FIELDS, ("Q",) * 4 + (f"{W8}Q",) * 2 + ("i",) * 6 + (f"{C.META_WORDS}I",)):
+            name = "m" if name == "m_loc" else name  # GEMM-RS's m / W is GEMM + AllReduce's m
             lines.append(f'static_assert(__builtin_offsetof({ps}, {name}) == {off}, "{part}: Params.{name}");')
             off += struct.calcsize("<" + fmt)
     lines += [f'static_assert(kOpGemmAr == {OP_GEMM_AR}, "op id");', "}  // namespace rawflux", "__global__ void ar_layout_probe() {}"]
@@ -165,8 +157,7 @@ def test_bad_calls_raise_before_launch(ar_device, monkeypatch, call, match):
 @pytest.mark.parametrize("m", [1, 77])
 def test_a_call_is_one_kernel(ar_device, monkeypatch, partials, m):
     """World 4, rank 1: the buffers, and a call launches exactly one kernel (no barrier, no side
-    stream) with the GemmParams of (m, n, k) (k pieces where the model splits: not at m = 77 with
-    these tiles) and the epilogue's Params."""
+    stream) with the data-parallel GemmParams of (m, n, k) and the epilogue's Params."""
     log, _ = ar_device
     rank, world, max_m, n, k = 1, 4, 128, 512, 256
     _agree(monkeypatch, world)
@@ -174,11 +165,7 @@ def test_a_call_is_one_kernel(ar_device, monkeypatch, partials, m):
     group = OpGroup(rank, world, glog)
     op = A.GemmAR(group, max_m, n, k, "bf16", partials=partials)
     part_bytes = A.PARTIALS[partials][1]
-    src = op.rank_sources
-    assert src == (2 if A.choose_config(1, n, k, "nk", op.dev, op.tile_ctas, part_bytes, A.ar_tiles("nk", partials), world=world,
-                                        max_splits=2).splits == 2 else 1)
-    assert op.recv.nbytes == A.recv_bytes(max_m, world, n, part_bytes, src) == 2 * world * src * max_m * n * part_bytes
-    assert op.sync.nbytes == A.sync_bytes(world * src, op.tiles_cap)
+    assert op.recv.nbytes == A.recv_bytes(max_m, world, n, part_bytes) and op.sync.nbytes == A.sync_bytes(world, op.tiles_cap)
     out = FakeCAI(BASE + (1 << 30), (m, n))
     bias = FakeCAI(BASE + (3 << 30), (n,))
     assert op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), bias=bias, out=out, stream=0x42) is out
@@ -189,26 +176,24 @@ def test_a_call_is_one_kernel(ar_device, monkeypatch, partials, m):
     assert launch["relpath"] == A.KERNEL_FILE and launch["name"] == A.gemm_kernel_name(t, DType.BF16, "nk", partials)
     assert t in A.ar_tiles("nk", partials) and launch["cluster"] == 1 and launch["stream"] == 0x42
     tiles = -(-m // t.bm) * -(-n // t.bn)
-    pieces = cfg.splits
-    assert pieces <= src and (pieces == 1 or tiles * pieces <= 132)
-    assert launch["grid"] == min(tiles * pieces, 132)
+    assert launch["grid"] == min(tiles, 132)
     _, _, params, prologue, epi, _ = launch["args"]
     g = gemm_params(params)
-    assert (g["m"], g["n"], g["k"], g["splits"], g["seg_count"]) == (m, n, k, pieces, 1)
+    assert (g["m"], g["n"], g["k"], g["splits"], g["seg_count"]) == (m, n, k, 1, 1)
     assert prologue == engine.NOWAIT_PARAMS and len(epi) == A.EPI_PARAMS_BYTES
     assert _read_map(epi[:128], 5) == (BASE + (1 << 30), engine.abi.TMAP_CODE[DType.BF16], m, n, n)
     for q in range(A.MAX_WORLD):  # every rank's receive buffer, this one's too, as (n, m, 2W) slots max_m rows apart
         raw = epi[128 * (1 + q):128 * (2 + q)]
         if q < world and partials != "fp32":
-            assert _read_map(raw, 7) == (op.recv.peer_ptrs[q], engine.abi.TMAP_CODE[DType.BF16], n, m, 2 * world * src, max_m, 64)
+            assert _read_map(raw, 7) == (op.recv.peer_ptrs[q], engine.abi.TMAP_CODE[DType.BF16], n, m, 2 * world, max_m, 64)
         else:
             assert raw == bytes(128)
     tail = epi_tail(epi)
     pad8 = lambda ptrs: tuple(ptrs) + (0,) * (W8 - len(ptrs))  # noqa: E731
-    fields = (m, n, k, C.DTYPE_CODE[DType.BF16], 0, A.PARTIALS[partials][0], t.bm, t.bn, t.consumers, pieces)
+    fields = (m, n, k, C.DTYPE_CODE[DType.BF16], 0, A.PARTIALS[partials][0], t.bm, t.bn, t.consumers)
     assert tail == dict(recv=op.recv.ptr, sync=op.sync.ptr, recv_peer=pad8(op.recv.peer_ptrs), sync_peer=pad8(op.sync.peer_ptrs),
-                        ctrl=group.group_ctrl_ptr, bias=BASE + (3 << 30), bias_kind=engine.BIAS_IN16, m=m, tiles_cap=op.tiles_cap,
-                        rank=rank, world=world, slot_rows=max_m, rank_sources=src, record=(0, OP_GEMM_AR) + fields + (0,) * (C.META_WORDS - 2 - len(fields)))
+                        ctrl=group.group_ctrl_ptr, bias=BASE + (3 << 30), bias_kind=engine.BIAS_IN16, m_loc=m, tiles_cap=op.tiles_cap,
+                        rank=rank, world=world, slot_rows=max_m, record=(0, OP_GEMM_AR) + fields + (0,) * (C.META_WORDS - 2 - len(fields)))
     # the next call reuses the plan (the fast path); without a bias it carries none
     op(FakeCAI(BASE, (m, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=out, stream=0x42)
     assert len(log) == 2 and epi_tail(log[1]["args"][4])["bias"] == 0 and op.calls == 2
@@ -248,40 +233,4 @@ def test_construction_needs_the_same_arguments_everywhere(ar_device, monkeypatch
         wide = next(t for t in tune.tiles_for("nk") if t not in A.ar_tiles("nk"))
         _agree(monkeypatch, 2)
         A.GemmAR(OpGroup(0, 2, []), 128, 256, 128, "bf16", config=tune.GemmConfig(wide))
-    assert rs.EPI_TAIL.format.replace("6i", "7i") == A.EPI_TAIL.format  # GEMM-RS's parameter layout and rank_sources
-    assert A.EPI_PARAMS_BYTES >= TAIL_OFFSET + A.EPI_TAIL.size
-
-
-def test_k_pieces_only_where_every_piece_has_a_cta():
-    """The model splits k at decode (the grid would leave SMs idle) and never where tiles x
-    pieces exceed the grid or a piece would get no k block: the pieces of a tile wait for each
-    other, so every one must be resident."""
-    dev = tune.DeviceInfo(sms=132, cc=(9, 0), l2_bytes=50 << 20, name="H200")
-    for world, n, k in ((2, 8192, 4096), (4, 8192, 2048), (8, 8192, 1024)):
-        for m in (1, 16, 64, 128, 256, 512):
-            for ctas in (132, 132 // world):
-                cfg = A.choose_config(m, n, k, "nk", dev, ctas, 2, world=world, max_splits=A.MAX_SPLITS)
-                tiles = -(-m // cfg.tile.bm) * -(-n // cfg.tile.bn)
-                assert cfg.splits in (1, 2) and (cfg.splits == 1 or tiles * cfg.splits <= ctas)
-                assert A.splits_fit(m, n, k, cfg.tile, ctas, cfg.splits)
-        assert A.choose_config(1, n, k, "nk", dev, 132, 2, world=world, max_splits=2).splits == 2  # decode: 64 tiles on 132 SMs
-        assert A.choose_config(512, n, k, "nk", dev, 132, 2, world=world, max_splits=2).splits == 1
-        assert A.choose_config(1, n, k, "nk", dev, 132, 2, world=world, max_splits=1).splits == 1
-    t = A.ar_tiles("nk")[0]
-    assert not A.splits_fit(1, 8192, 4096, t, 64, 2)  # 64 tiles x 2 > 64 CTAs
-    assert not A.splits_fit(1, 256, 64, t, 132, 2)    # one k block: no second piece
-
-
-def test_a_split_config_is_checked_before_any_launch(ar_device, monkeypatch):
-    log, _ = ar_device
-    _agree(monkeypatch, 2)
-    t = next(x for x in A.ar_tiles("nk") if (x.bm, x.bn) == (64, 128))
-    with pytest.raises(ValueError, match="data-parallel or split_k"):
-        A.GemmAR(OpGroup(0, 2, []), 512, 4096, 1024, "bf16", config=tune.GemmConfig(t, tune.Decomp.split_k(3)))
-    op = A.GemmAR(OpGroup(0, 2, []), 512, 4096, 1024, "bf16", config=tune.GemmConfig(t, tune.Decomp.split_k(2)))
-    assert op.rank_sources == 2 and op.config_for(64).splits == 2
-    op(FakeCAI(BASE, (64, 1024)), FakeCAI(BASE + (2 << 30), (4096, 1024)), out=FakeCAI(BASE + (1 << 30), (64, 4096)), stream=0x42)
-    assert len(log) == 1 and log[0]["grid"] == 64 and gemm_params(log[0]["args"][2])["splits"] == 2
-    with pytest.raises(ValueError, match="k pieces per tile need tiles x pieces"):  # 4 x 32 tiles x 2 > 132 CTAs
-        op(FakeCAI(BASE, (256, 1024)), FakeCAI(BASE + (2 << 30), (4096, 1024)), out=FakeCAI(BASE + (1 << 30), (256, 4096)), stream=0x42)
-    assert len(log) == 1
+    assert rs.EPI_TAIL is A.EPI_TAIL  # one parameter layout for both epilogues

@@ -10,8 +10,7 @@ The driver launches this script with --worker per world size; rank 0 prints one 
 Checks (every one can fail; fresh random inputs, outputs poisoned with NaN before every run):
   correct.*      against a float64 reference sum (relative Frobenius error), decode and ragged m
                  (1, 7, 100, 300), ragged n, both B layouts, bias kinds, fp32 / 16-bit partials,
-                 f16, every tile, tiles in two k pieces (split2: two sources per rank of the
-                 sum); and every rank's output bitwise equal to rank 0's;
+                 f16, every tile; and every rank's output bitwise equal to rank 0's;
   deterministic  20 runs bitwise identical while the ranks' arrival order is perturbed (a rank's
                  SMs hogged ahead of its call on odd runs, different grids per rank);
   loop1000       1,000 back-to-back calls with random m (no host sync), every output checked on
@@ -49,8 +48,7 @@ def _line(c: Check, world: int) -> str:
 
 
 CORRECT_CASES = [
-    # name, m, n, k (this rank's), layout, dtype, partials, bias, tile (bm, bn[, k pieces]) or None
-    # (the pieces' shapes fit W = 8's share of the SMs: tiles x 2 <= 15)
+    # name, m, n, k (this rank's), layout, dtype, partials, bias, tile (bm, bn) or None
     ("correct.decode1", 1, 1024, 512, "nk", "bf16", None, None, None),
     ("correct.decode7_bias", 7, 2048, 256, "nk", "bf16", None, "in", None),
     ("correct.m100_kn_f32bias", 100, 520, 136, "kn", "bf16", None, "f32", None),
@@ -61,10 +59,6 @@ CORRECT_CASES = [
     ("correct.tile64x256", 33, 1000, 256, "nk", "bf16", None, None, (64, 256)),
     ("correct.tile128x192", 136, 1000, 256, "nk", "bf16", None, "in", (128, 192)),
     ("correct.tile128x192_f16", 200, 584, 136, "nk", "f16", None, None, (128, 192)),
-    ("correct.split2_64x128", 64, 384, 1024, "nk", "bf16", None, "in", (64, 128, 2)),
-    ("correct.split2_64x256_m5", 5, 500, 520, "nk", "bf16", None, "f32", (64, 256, 2)),
-    ("correct.split2_fp32p", 50, 384, 640, "nk", "bf16", "fp32", None, (64, 128, 2)),
-    ("correct.split2_f16", 17, 256, 264, "nk", "f16", None, None, (64, 128, 2)),
 ]
 
 
@@ -75,8 +69,8 @@ def _tile_config(spec, partials):
     from rawflux.ops.gemm_ar import ar_tiles
 
     for t in ar_tiles("nk", partials or "bf16"):
-        if (t.bm, t.bn) == tuple(spec[:2]):
-            return tune.GemmConfig(t, tune.Decomp.split_k(spec[2] if len(spec) > 2 else 1))
+        if (t.bm, t.bn) == tuple(spec):
+            return tune.GemmConfig(t)
     raise ValueError(f"no compiled tile {spec}")
 
 
@@ -127,7 +121,7 @@ def check_correct(g, comm, case) -> Check:
     same = len(set(digests)) == 1
     ok = nan == 0 and err <= bound and err_wrong > 0.05 and same
     errs = comm.gather(err, root=0)
-    launch = "plain GEMM" if cfg is None else f"tile={cfg.tile.bm}x{cfg.tile.bn} pieces={cfg.splits}"
+    launch = "plain GEMM" if cfg is None else f"tile={cfg.tile.bm}x{cfg.tile.bn}"
     detail = (f"m={m} n={n} k={k} {layout} {tag} partials={partials or tag} bias={bias_kind} {launch}: err max "
               f"{max(errs) if r == 0 else err:.2e} (<= {bound:.0e}); ranks bitwise equal: {same}")
     if not ok:

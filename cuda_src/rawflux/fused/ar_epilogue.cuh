@@ -1,36 +1,31 @@
 // GEMM + AllReduce's epilogue policy (gemm_kernel's Epilogue argument, with TileSched's order):
 // one-shot, one kernel per call, every rank ends with the same bits of out (m, n).
 //
-// Every rank computes its partial of every tile (k is its share), at decode in k pieces
-// (TileSched's split-K: p.splits pieces of each tile on as many CTAs, where the grid would
-// otherwise leave SMs idle): a piece is one more source of the same sum, so the split costs no
-// fix-up. A consumer warpgroup's 64 x kWN fragment, once its k blocks are done:
+// Every rank computes its partial of every tile (k is its share). A consumer warpgroup's 64 x kWN
+// fragment, once its k blocks are done:
 //   1. send: rounded to the partial type (the output's 16-bit type, or fp32), it goes to the
-//      receive slot (parity, source = rank x rank_sources + piece) of every rank, this one
-//      included: 16-bit boxes staged once in TmaStore's buffers and stored to each rank by TMA (a
-//      3-D map per rank, clipped at the call's m rows); fp32 from registers. Thread 0 then waits
-//      for the stores and raises the fragment's flag on every rank that reads it (every peer,
-//      and this rank too for a piece past the first); such a piece is then done;
-//   2. wait (piece 0): lane i of warp 1 waits (bounded) for source i's flag of the same
-//      fragment, beside thread 0's releases; the send itself waits for the side role (warp 1 of
-//      the producer warpgroup) to have read the call's epoch and checked every peer's call
-//      record; every rank walks the tiles in the same order and sends before it waits, so the
-//      waits are acyclic whenever every CTA of every rank is resident (a persistent grid; with
-//      pieces, one unit per CTA: the host checks);
-//   3. reduce: the W x splits partials in fp32 in a fixed order (rank 0's pieces, then rank
-//      1's, ...), all read from the local slots (the own one too: the sum stays in the
-//      accumulators, no registers beside them), the bias, one rounding, stored through
-//      TmaStore's boxes into out. Same inputs, same order: the same bits on every rank.
+//      receive slot (parity, this rank) of every rank, this one included: 16-bit boxes staged once
+//      in TmaStore's buffers and stored to each rank by TMA (a 3-D map per rank, clipped at the
+//      call's m rows); fp32 from registers. Thread 0 then waits for the stores and raises the
+//      fragment's flag on every peer;
+//   2. wait: lane q of warp 1 waits (bounded) for peer q's flag of the same fragment, beside
+//      thread 0's releases; the send itself waits for the side role (warp 1 of the producer
+//      warpgroup) to have read the call's epoch and checked every peer's call record; every
+//      rank walks the tiles in the same order and sends before it waits, so the waits are acyclic
+//      whenever every CTA of every rank is resident (a persistent grid);
+//   3. reduce: partial_0 + partial_1 + ... + partial_{W-1} in fp32 in that fixed order, all read
+//      from the local slots (the own one too: the sum stays in the accumulators, no registers
+//      beside them), the bias, one rounding, stored through TmaStore's boxes into out. Same
+//      inputs, same order: the same bits on every rank.
 // Meant for decode (m up to a few hundred rows): each rank sends (W - 1) m n partials and every
 // tile's epilogue waits for its peers, where GEMM-RS + AllGather would pay two latencies.
 //
-// Buffers are GEMM-RS's layout (fused/rs_layout.cuh) with the whole m and W x rank_sources
-// sources: slots of slot_rows = max_m rows per (parity, source), flags per (parity, source, tile =
-// tile_m * tiles_n + tile_n, consumer).
+// Buffers are GEMM-RS's layout (fused/rs_layout.cuh) with the whole m: slots of slot_rows = max_m
+// rows per (parity, source), flags per (parity, source, tile = tile_m * tiles_n + tile_n, consumer).
 // Calls are numbered by the sync buffer's epoch (read once per CTA by the side role; the last CTA
 // to finish advances it). Slot safety: a rank writes parity p again only in call e + 2, which it cannot
-// start before each peer's call e + 1 raised its flags (its piece 0 waits for them), after that
-// peer's kernel of call e (the last reader of slot p) ended. A failed wait or a mismatched record is written to the group's
+// start before each peer's call e + 1 raised its flags, after that peer's kernel of call e (the
+// last reader of slot p) ended. A failed wait or a mismatched record is written to the group's
 // Status (CollectiveTimeout / CallMismatch) and the warpgroup stores nothing of that tile; the
 // kernel always runs to its end, so the epoch stays in step on every rank.
 #pragma once
@@ -73,13 +68,11 @@ struct ArEpilogue {
     i32 rank;
     i32 world;
     i32 slot_rows;                     // rows between receive slots: the op's capacity max_m (fixed across calls)
-    i32 rank_sources;                  // sources per rank in the layout: the op's largest k pieces per tile
     u32 record[kMetaWords];            // this call's record: word 0 is filled with the epoch, 1 the op id, then the fields
   };
   static constexpr bool kTileBarrier = false;
   static constexpr bool kDeferrable = false;
   static constexpr bool kExtraBlocks = false;
-  static constexpr bool kOwnSplits = true;  // a tile's k pieces are sources of the sum like the ranks' partials
   static constexpr int kPartBytes = kPart == kRsPartF32 ? 4 : 2;
 
   template <class Cfg>
@@ -164,15 +157,14 @@ struct ArEpilogue {
     RsEpilogue<kPart>::template store_boxes<Cfg>(acc, tc, static_cast<Issue&&>(issue));
   }
 
-  // The fp32 fragment into slot (parity, source src) of rank q (a row past m is skipped).
+  // The fp32 fragment into slot (parity, this rank) of rank q (a row past m is skipped).
   template <class Cfg>
   static RAWFLUX_DEVICE void send_f32(const Params& ep, const GemmParams& p, const float (&acc)[Cfg::kAccRegs], const TileCoord& tc,
-                                      u32 parity, i32 src, i32 q) {
+                                      u32 parity, i32 q) {
     const i32 ra = tc.row0 + 16 * (i32)(tc.tid / 32) + (i32)((tc.tid % 32) / 4);
-    const i32 sources = ep.world * ep.rank_sources;
     const u64 base = ep.recv_peer[q];
-    const u64 row_a = ra < ep.m ? base + 4ull * (u64)rs_slot_row(parity, sources, src, ep.slot_rows, ra, p.n) : 0ull;
-    const u64 row_b = ra + 8 < ep.m ? base + 4ull * (u64)rs_slot_row(parity, sources, src, ep.slot_rows, ra + 8, p.n) : 0ull;
+    const u64 row_a = ra < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra, p.n) : 0ull;
+    const u64 row_b = ra + 8 < ep.m ? base + 4ull * (u64)rs_slot_row(parity, ep.world, ep.rank, ep.slot_rows, ra + 8, p.n) : 0ull;
     rs::store_rows_f32(row_a, row_b, acc, tc.col0, p.n, tc.tid);  // GEMM-RS's fp32 register stores
   }
 
@@ -219,9 +211,8 @@ struct ArEpilogue {
     }
   }
 
-  // acc = the W x splits partials of this thread's fragment from the local receive slots (this
-  // rank's own among them, as sent), summed in place in the order rank 0's pieces 0, 1, ..., then
-  // rank 1's, ... A span of n8 blocks
+  // acc = the W partials of this thread's fragment from the local receive slots (this rank's own
+  // among them, as sent), summed in place in the order q = 0, 1, ..., W - 1. A span of n8 blocks
   // at a time, two sources' loads in flight before their adds (in order): the sum's latency is
   // a load round per two sources, and the accumulators need no registers beside them.
   template <class Cfg>
@@ -234,22 +225,19 @@ struct ArEpilogue {
     const i32 ra = tc.row0 + 16 * (i32)(tc.tid / 32) + (i32)((tc.tid % 32) / 4);
     const bool ok_a = ra < ep.m, ok_b = ra + 8 < ep.m;
     const u64 slot_bytes = (u64)ep.slot_rows * (u64)p.n * kPartBytes;
-    const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world * ep.rank_sources, 0, ep.slot_rows, ra, p.n) * kPartBytes;
+    const u64 row_a0 = ep.recv + (u64)rs_slot_row(parity, ep.world, 0, ep.slot_rows, ra, p.n) * kPartBytes;
     const u64 row_step = (u64)(8 * (i64)p.n) * kPartBytes;
-    // the sum's i-th source, rank i / splits's k piece i % splits, is slot (i / splits) * rank_sources + i % splits
-    const i32 splits = p.splits, count = ep.world * splits;
-    auto at = [&](i32 i) { return row_a0 + (u64)((i / splits) * ep.rank_sources + i % splits) * slot_bytes; };
     static_for<0, kBlocks / kSpan>([&](auto step) {
       constexpr int j0 = kSpan * decltype(step)::value;
       const i32 col = tc.col0 + 8 * j0 + 2 * (i32)(tc.tid % 4);
 #pragma unroll
       for (int i = 4 * j0; i < 4 * (j0 + kSpan); ++i) acc[i] = 0.f;
 #pragma unroll 1
-      for (i32 i = 0; i < count; i += 2) {
+      for (i32 q = 0; q < ep.world; q += 2) {
         u32 v0[kWords], v1[kWords];
-        load_span<kSpan>(v0, at(i), row_step, col, p.n, ok_a, ok_b);
-        const bool two = i + 1 < count;
-        load_span<kSpan>(v1, at(two ? i + 1 : i), row_step, col, p.n, ok_a && two, ok_b && two);
+        load_span<kSpan>(v0, row_a0 + (u64)q * slot_bytes, row_step, col, p.n, ok_a, ok_b);
+        const bool two = q + 1 < ep.world;
+        load_span<kSpan>(v1, row_a0 + (u64)(q + 1) * slot_bytes, row_step, col, p.n, ok_a && two, ok_b && two);
         add_span<kSpan>(acc, j0, v0);
         if (two) add_span<kSpan>(acc, j0, v1);
       }
@@ -266,16 +254,13 @@ struct ArEpilogue {
     const u32 parity = e & 1u;
     const i32 tile = tc.tile_m * p.tiles_n + tc.tile_n;
     const u32 bar = kWarpgroupBarrierBase + tc.consumer;
-    const i32 sources = ep.world * ep.rank_sources;  // slots per parity
-    const i32 src = ep.rank * ep.rank_sources + tc.split;
-    // 1. send this piece's partial of the fragment to every rank, then raise its flags there (and
-    //    here, for a piece past the first: piece 0's CTA sums them)
+    // 1. send this rank's partial of the fragment to every peer, then raise its flags there
     if constexpr (kPart == kRsPartF32) {
 #pragma unroll 1
-      for (i32 q = 0; q < ep.world; ++q) send_f32<Cfg>(ep, p, acc, tc, parity, src, q);
+      for (i32 q = 0; q < ep.world; ++q) send_f32<Cfg>(ep, p, acc, tc, parity, q);
       ptx::named_barrier_sync(bar, 128);  // every thread's stores of the partial before thread 0's releases of its flags
     } else {
-      const i32 slot = (i32)parity * sources + src;
+      const i32 slot = (i32)parity * ep.world + ep.rank;
       store_boxes<Cfg>(acc, tc, [&](u32 addr, i32 col) {
 #pragma unroll 1
         for (i32 q = 0; q < ep.world; ++q) ptx::tma_store_3d(&ep.tmap_recv[q], addr, col, tc.row0, slot);
@@ -286,25 +271,22 @@ struct ArEpilogue {
       }
     }
     if (tc.tid == 0) {
-      fence_acq_rel_sys();  // release (sys), once for every flag below: the partial reaches each rank before its flag
+      fence_acq_rel_sys();  // release (sys), once for every flag below: the partial reaches each peer before its flag
 #pragma unroll 1
       for (i32 q = 0; q < ep.world; ++q) {
-        if (q == ep.rank && tc.split == 0) continue;  // piece 0 sums here: its own partial needs no flag
-        u32* flag = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_flag_offset(parity, sources, src, ep.tiles_cap, tile, tc.consumer));
+        if (q == ep.rank) continue;
+        u32* flag = reinterpret_cast<u32*>(ep.sync_peer[q] + rs_flag_offset(parity, ep.world, ep.rank, ep.tiles_cap, tile, tc.consumer));
         st_relaxed_sys_u32(flag, e);  // the fence above makes this strong store a release
       }
     }
-    if (tc.split != 0) return;  // a later piece only sends: every rank's piece 0 sums the tile
-    // 2. lane i of warp 1 (beside thread 0's release above): source i's partial of this fragment
-    //    (rank i / splits, piece i % splits) has arrived
+    // 2. lane q of warp 1 (beside thread 0's release above): peer q's partial of this fragment has arrived
     bool ok = true;
     if (tc.tid / 32 == 1) {
-      const i32 i = (i32)(tc.tid % 32);
-      const i32 q = i / p.splits, j = q * ep.rank_sources + i % p.splits;
-      if (i < ep.world * p.splits && j != src) {
+      const i32 q = (i32)(tc.tid % 32);
+      if (q < ep.world && q != ep.rank) {
         const WaitCtx ctx = make_wait_ctx(reinterpret_cast<const GroupCtrl*>(ep.ctrl), kOpGemmAr, e);
-        const u32* flag = reinterpret_cast<const u32*>(ep.sync + rs_flag_offset(parity, sources, j, ep.tiles_cap, tile, tc.consumer));
-        ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): that source's partial of these rows is visible after the flag
+        const u32* flag = reinterpret_cast<const u32*>(ep.sync + rs_flag_offset(parity, ep.world, q, ep.tiles_cap, tile, tc.consumer));
+        ok = wait_flag_geq(flag, e, ctx, q, tile);  // acquire (sys): q's partial of these rows is visible after the flag
       }
       ok = __all_sync(0xffffffffu, ok);
     }

@@ -101,7 +101,6 @@ struct RsEpilogue {
   // 16-bit partials reach an own tile through the stage ring (extra_*); fp32 ones from global
   // memory into registers (add_partials)
   static constexpr bool kExtraBlocks = kPart != kRsPartF32;
-  static constexpr bool kOwnSplits = false;  // never split
   static constexpr int kPartBytes = kPart == kRsPartF32 ? 4 : 2;
 
   template <class Cfg>

@@ -17,8 +17,7 @@
 //     other's runs. With the consumer refill (Cfg::kRefill) the hand-back is a count per stage and
 //     the warp that completes it loads the block kStages on into the stage. After a unit's last k
 //     block: the epilogue's extra blocks if it has any (Epilogue::kExtraBlocks: GEMM-RS adds an own tile's
-//     partials, a stage each), the k-split exchange or split-K fix-up (gemm/fixup.cuh; not for an epilogue that sums
-//     the pieces itself, Epilogue::kOwnSplits), then the epilogue policy, with
+//     partials, a stage each), the k-split exchange or split-K fix-up (gemm/fixup.cuh), then the epilogue policy, with
 //     Cfg::kDeferBoxes boxes held for the next tile's first k block (TmaStore only).
 //   The consumer role is written in the kernel body: as a function of its own, NVVM optimizes it
 //   before inlining it, and the SASS of the split-K, k-split and deferred-box variants changes
@@ -330,15 +329,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tc.tid = tid;
       tc.consumer = consumer;
       tc.scratch = ptx::smem_u32(smem_a) + kScratchOffset<Cfg>;  // from smem_a: no extra pointer lives across setmaxnreg
-      tc.split = w.split;
       bool do_store = w.tile_m < p.tiles_m && w.tile_n < p.tiles_n;
       if constexpr (Cfg::kClusterK > 1) {
         if (ksplit_tiles++ > 0) __trap();  // a k-split cluster reuses its ring for the exchange: one tile per cluster
         do_store = ksplit_exchange<Cfg>(acc, ksplit_bar, ptx::smem_u32(smem_a), cta_rank, consumer, tid, p.timeout_ns) && do_store;
       }
-      if constexpr (!Epilogue::kOwnSplits) {  // an epilogue that owns the pieces takes each one as it is (GEMM + AllReduce sums them)
-        if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
-      }
+      if (w.splits > 1 && do_store) do_store = splitk_fixup<Cfg, Sched::kFixupChunk>(p, acc, w, consumer, tid);
       if constexpr (kDefer) {
         if (do_store) {
           Epilogue::template add_bias<Cfg>(epi, p, acc, tc);

@@ -24,9 +24,6 @@
 //                                          // (extra_wait, extra_load) and the consumers, after
 //                                          // extra_begin, fold each into the accumulators
 //                                          // (extra_add): GEMM-RS's partials
-//     static constexpr bool kOwnSplits;    // true: each split-K piece reaches store as it is (tc.split)
-//                                          // and the epilogue sums them (GEMM + AllReduce); false:
-//                                          // the engine's fix-up sums them first
 //     template <class Cfg> static __device__ void store(const Params&, const GemmParams&,
 //                            float (&acc)[Cfg::kAccRegs], const TileCoord&);   // every consumer thread
 //     template <class Cfg> static __device__ void tile_done(const Params&, const GemmParams&, const TileCoord&);

@@ -14,7 +14,6 @@ struct TileCoord {
   u32 tid;             // thread index inside the consumer warpgroup (0..127)
   u32 consumer;        // consumer warpgroup index (0..kConsumers-1)
   u32 scratch;         // shared-window address of the epilogue's scratch (Epilogue::scratch_bytes), 1024-aligned
-  i32 split;           // k piece of the tile (WorkTile::split; 0 without split-K)
 };
 
 // Accumulator fragment layout of wgmma m64nNk16 with fp32 accumulators (see ptx/wgmma.cuh).

@@ -15,7 +15,6 @@ struct LocalStore {
   };
   static constexpr bool kTileBarrier = false;
   static constexpr bool kExtraBlocks = false;  // no blocks of its own through the ring
-  static constexpr bool kOwnSplits = false;    // split-K pieces summed by the engine's fix-up
   static constexpr bool kDeferrable = false;
 
   template <class Cfg>

@@ -22,7 +22,6 @@ struct TmaStore {
   };
   static constexpr bool kTileBarrier = false;
   static constexpr bool kExtraBlocks = false;  // no blocks of its own through the ring
-  static constexpr bool kOwnSplits = false;    // split-K pieces summed by the engine's fix-up
   static constexpr bool kDeferrable = true;  // the kernel may hold boxes for the next tile's first k block (Cfg::kDeferBoxes)
   static constexpr int kBoxBytes = 64 * 128;  // 64 rows x 64 16-bit columns
 
