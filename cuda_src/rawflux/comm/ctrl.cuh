@@ -62,6 +62,10 @@ struct GroupCtrl {
 };
 static_assert(sizeof(GroupCtrl) == 64, "GroupCtrl layout is mirrored in rawflux/dist/layout.py");
 
+// Bound for a role's wait on this CTA's own roles, which may themselves wait on peers: past any
+// bounded wait of a peer.
+RAWFLUX_DEVICE i64 role_timeout_ns(const GroupCtrl* g) { return (i64)(2 * g->timeout_ns + 10000000000ull); }
+
 RAWFLUX_DEVICE u32* ctrl_word(const GroupCtrl* g, int q, u32 offset) {
   return reinterpret_cast<u32*>(g->ctrl_peers[q] + offset);
 }

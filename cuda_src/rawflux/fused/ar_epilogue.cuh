@@ -94,9 +94,6 @@ struct ArEpilogue {
   }
 
   static RAWFLUX_DEVICE u32 epoch_of(u32 scratch_state) { return ptx::ld_shared_u32(scratch_state); }
-  static RAWFLUX_DEVICE i64 role_timeout_ns(const Params& ep) {
-    return (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull);  // past any bounded wait of a peer
-  }
 
   template <class Cfg>
   static RAWFLUX_DEVICE void init(const Params& ep, u32 scratch) {
@@ -309,10 +306,10 @@ struct ArEpilogue {
     // every consumer thread of the CTA is past its last read of the slots
     ptx::named_barrier_sync(kConsumerBarrier, 128 * Cfg::kConsumers);
     if (consumer == 0 && tid == 0) {
-      verdict(scratch + state_offset<Cfg>(), role_timeout_ns(ep));  // the side role's read of the epoch word (and its epoch) before this CTA counts done
+      verdict(scratch + state_offset<Cfg>(), role_timeout_ns(reinterpret_cast<const GroupCtrl*>(ep.ctrl)));  // the side role's read of the epoch word (and its epoch) before this CTA counts done
       const u32 e = epoch_of(scratch + state_offset<Cfg>());
       u32* done = reinterpret_cast<u32*>(ep.sync + kRsDoneOffset);
-      // acq_rel: every CTA's read of the epoch word (init) happens before the last one advances it
+      // acq_rel: every CTA's read of the epoch word (its side role, waited for above) happens before the last one advances it
       const u32 prev = ptx::atom_add_acq_rel_gpu(done, 1u);
       if (prev == gridDim.x - 1) {
         *done = 0u;

@@ -134,9 +134,7 @@ struct RsEpilogue {
   }
   // The epoch init kept in shared memory (read after the kernel's start barrier).
   static RAWFLUX_DEVICE u32 epoch_of(u32 state) { return ptx::ld_shared_u32(state + 48); }
-  static RAWFLUX_DEVICE i64 role_timeout_ns(const Params& ep) {
-    return (i64)(2 * reinterpret_cast<const GroupCtrl*>(ep.ctrl)->timeout_ns + 10000000000ull);  // past any bounded wait of a peer
-  }
+  static RAWFLUX_DEVICE i64 role_timeout_ns(const Params& ep) { return rawflux::role_timeout_ns(reinterpret_cast<const GroupCtrl*>(ep.ctrl)); }
 
   template <class Cfg>
   static RAWFLUX_DEVICE void init(const Params& ep, u32 scratch) {
