@@ -12,12 +12,13 @@ ag_gemm (rawflux/bench/ag_local.py): rank 0's fused GEMM on the gathered A, (1) 
 landed (the tax; bar fused / gemm <= 1.02) and (2) behind the link emulator at G GB/s (bar
 fused <= 1.03 x max(T_gemm, T_gather) at m >= 1024, T_gather = (W - 1) chunks at G), against
 rawflux.gemm's own pick on the gathered A; also the emulated call with the GEMM's own raster
-order instead of the fused op's chunk-major one (column pick_order).
+order instead of the fused op's chunk-major one (column pick_order) and, where the op sends
+chunks in k-slabs (slabs > 1), with whole chunks (column whole_chunks).
 CUDA events, warm-up, median of --reps, the competitors interleaved call by call, B (and
 gemm_rs's A) rotated over sets larger than 4x L2. Points are printed; exit status 1 if any
 misses its bar. fusion-tax.json holds the tax records of both ops (records: op, world, m, n, k,
 dtype, fused_ms, gemm_ms, ratio, tile, same_tile_gemm_ms: rawflux.gemm on the fused kernel's
-configuration, emulated_link, link_gbps, gpu, commit, date; gemm_rs also partials); a run of
+configuration, emulated_link, link_gbps, gpu, commit, date; gemm_rs also partials, ag_gemm slabs); a run of
 one op keeps the other's records. ag-link-emu.json holds the emulated-link records.
 
 --tuned: tuned against untuned instead, for both ops (the gemm_rs tax, the ag_gemm tax and its
@@ -221,6 +222,7 @@ def run_ag(args):
                 full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 s = torch.cuda.current_stream().cuda_stream
                 cfg_tax, cfg_link = ag.config(m), ag.config(m, link=True)
+                sl_tax, sl_link = ag.slabs(m, cfg_tax), ag.slabs(m, cfg_link)  # the op's k-slabs
                 base = ag.op._default(m)
                 cfg_pick = replace(cfg_link, group=base.group, raster_n=base.raster_n)  # the pick's own raster order
 
@@ -249,13 +251,19 @@ def run_ag(args):
                 def link_pick(i):
                     ag.link(shard, b[i], out, m, G, s, cfg_pick)
 
+                def link_whole(i):  # whole chunks (one flag each), as before k-slabs
+                    ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=1)
+
                 def plain(i):
                     rawflux.gemm(gath, b[i], out=full, stream=s)
 
                 def same(i):
                     rawflux.gemm(gath, b[i], out=full, stream=s, config=cfg_tax)
 
-                t_tax, t_link, t_pick, t_g, t_s = bench_many([tax, link, link_pick, plain, same], nsets, args.reps)
+                fns = [tax, link, link_pick, plain, same] + ([link_whole] if sl_link > 1 else [])
+                times = bench_many(fns, nsets, args.reps)
+                t_tax, t_link, t_pick, t_g, t_s = times[:5]
+                t_whole = times[5] if sl_link > 1 else t_link
                 torch.cuda.synchronize()
                 if ag.failed():
                     raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")
@@ -264,16 +272,18 @@ def run_ag(args):
                 r_tax, r_link = t_tax / t_g, t_link / bound
                 ok_link = m < AG_LINK_FROM_M or r_link <= AG_LINK_BAR
                 print(f"ag-tax  W={W} {name} m={m} n={n} k={k}: fused {t_tax * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  ratio {r_tax:.3f} "
-                      f"{'ok' if r_tax <= AG_TAX_BAR else 'OVER'}  {cfg_tax.tag()} (plain GEMM on it {t_s * 1e3:.1f} us)", flush=True)
+                      f"{'ok' if r_tax <= AG_TAX_BAR else 'OVER'}  {cfg_tax.tag()} S={sl_tax} (plain GEMM on it {t_s * 1e3:.1f} us)",
+                      flush=True)
                 print(f"ag-link W={W} {name} m={m} G={G:g}: fused {t_link * 1e3:8.1f} us  max(gemm, gather {t_gather * 1e3:.1f}) "
-                      f"{bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  (pick's order {t_pick * 1e3:.1f} us "
-                      f"{cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
+                      f"{bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} (whole chunks "
+                      f"{t_whole * 1e3:.1f} us; pick's order {t_pick * 1e3:.1f} us {cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
                 common = {"op": "ag_gemm", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16", "gemm_ms": t_g,
                           "gpu": gpu, "commit": commit, "date": today}
                 tax_rows.append(common | {"fused_ms": t_tax, "ratio": r_tax, "tile": cfg_tax.tag(), "same_tile_gemm_ms": t_s,
-                                          "emulated_link": False, "link_gbps": None})
+                                          "slabs": sl_tax, "emulated_link": False, "link_gbps": None})
                 link_rows.append(common | {"fused_ms": t_link, "gather_ms": t_gather, "bound_ms": bound, "ratio": r_link,
-                                           "config": cfg_link.tag(), "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(),
+                                           "config": cfg_link.tag(), "slabs": sl_link, "whole_chunks_ms": t_whole,
+                                           "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(),
                                            "emulated_link": True, "link_gbps": G, "rel_err": rel})
                 del ag, gath, shard, b, out, full
                 torch.cuda.empty_cache()

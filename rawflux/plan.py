@@ -36,7 +36,7 @@ ag_order.py's order and arrivals):
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
 Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
---slabs S models chunks sent as k-slabs (tune/ag_order.py), a design the kernel does not run yet.
+Chunks go in k-slabs as the op picks them (ops.ag_gemm.slab_count; --slabs S models S instead).
 Exit status 2 on bad arguments.
 
     python -m rawflux.plan gemm_ar --world 8 --n 8192 --k 1024 [--ms 1,16,128,512] [--link-gbps 370]
@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import tune
 from .ops.ag_gemm import DTYPES as AG_DTYPES
-from .ops.ag_gemm import _check_nk, fused_config
+from .ops.ag_gemm import _check_nk, fused_config, slab_count
 from .ops.gemm_rs import PARTIALS, choose_config, rs_tiles
 from .runtime import DType
 from .tune import ag_order
@@ -344,16 +344,16 @@ class AgPrediction:
     predicted_us: float
     ratio_fused: float  # predicted / max(T_gemm_fused, T_gather)
     ratio_best: float  # predicted / max(T_gemm_best, T_gather)
-    slabs: int = 1  # k-slabs per chunk (ag_order's K-slabs; 1: whole chunks, as the kernel runs today)
+    slabs: int = 1  # k-slabs per chunk (ag_order's K-slabs; 1: whole chunks)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: float = 370.0, sms: int = H200_SMS,
-               rank: int = 0, dtype: str = "bf16", slabs: int = 1) -> AgPrediction:
+               rank: int = 0, dtype: str = "bf16", slabs: int | None = None) -> AgPrediction:
     """The AG-GEMM model for one call shape on one rank; tile a TileConfig, a tag, or None (the pick's);
-    slabs > 1: chunks sent as k-slabs (tune/ag_order.py), a design the kernel does not run yet."""
+    slabs: k-slabs per chunk (tune/ag_order.py); None: the op's pick (ops.ag_gemm.slab_count)."""
     if world < 2:
         raise ValueError(f"world={world}: the fused op gathers from at least 2 ranks (world 1 runs rawflux.gemm)")
     if m < world or m % world:
@@ -366,7 +366,7 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     dt = DType.from_any(dtype)
     if dt not in AG_DTYPES:
         raise ValueError(f"dtype {dtype!r}: ag_gemm takes bf16 or f16")
-    if slabs < 1 or k % (slabs * tune.BK):
+    if slabs is not None and (slabs < 1 or k % (slabs * tune.BK)):
         raise ValueError(f"slabs={slabs}: k = {k} must split into that many whole {tune.BK}-column k blocks")
     dev = h200(int(sms))
     item = dt.itemsize  # the output is in the input's type
@@ -376,6 +376,8 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     t = cfg.tile
     if t.cluster_size > dev.sms:
         raise ValueError(f"tile {t.tag()} needs clusters of {t.cluster_size} CTAs, more than the {dev.sms} SMs")
+    if slabs is None:
+        slabs = slab_count(cfg, m, n, k, world, dev, dt.itemsize, link_gbps)
     m_loc = m // world
     order = ag_order.ag_units(m, n, world, rank, t, cfg.group, cfg.raster_n)
     g = dev.sms // t.cluster_size  # as estimate_us's slots
@@ -565,7 +567,7 @@ def main(argv=None) -> int:
     g.add_argument("--sms", type=int, default=H200_SMS)
     g.add_argument("--rank", type=int, default=0)
     g.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
-    g.add_argument("--slabs", type=int, default=1, help="model chunks sent as k-slabs (default 1: whole chunks, as the kernel runs)")
+    g.add_argument("--slabs", type=int, default=None, help="model chunks sent as S k-slabs (default: the op's pick; 1: whole chunks)")
     g.add_argument("--json", action="store_true")
     g = sub.add_parser("gemm_ar", help="decode GEMM + AllReduce: one-shot against two-shot against cuBLAS + NCCL (a model)")
     g.add_argument("--world", type=int, required=True)

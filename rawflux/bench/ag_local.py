@@ -7,7 +7,9 @@ flags are released:
   * ``AgLocal.link(...)``: the link emulator. A one-thread kernel (kernels/link_emu.cu), launched
     just before the GEMM with the GEMM as its programmatic dependent, releases chunk (r + s) mod W's
     flag at s x chunk_bytes / G (the push schedule of ops/ag_gemm.py: one chunk at a time out of
-    each rank, chunk r + 1 first), so the GEMM waits as it would behind a link of G GB/s. The own
+    each rank, chunk r + 1 first), so the GEMM waits as it would behind a link of G GB/s. With S
+    k-slabs, slab j of that chunk's flag at (j x (W - 1) + s) x chunk_bytes / (S x G) (slab-major,
+    as the copies go). The own
     rows are copied into the gathered buffer first, as a call's start (ag_local_kernel) does. Not
     modelled: the peers' arrivals and the call-record check, and the HBM writes the arriving
     chunks would make. The
@@ -30,18 +32,20 @@ from .rs_local import _alloc, _bare_op, _group_ctrl
 
 EMU_KERNEL_FILE = "link_emu.cu"
 EMU_KERNEL = "rawflux::link_emu_kernel"
-LINK_EMU_ARGS = struct.Struct("<QQQQii")  # LinkEmuArgs (kernels/link_emu.cu): ready, epoch, due_ns, chunk, count, pad
+LINK_EMU_ARGS = struct.Struct("<QQQQii")  # LinkEmuArgs (kernels/link_emu.cu): ready, epoch, due_ns, flag, count, pad
 EPOCH = 1  # the op's epoch before the first call: every flag holds it (every chunk landed)
 
 register(EMU_KERNEL_FILE, EMU_KERNEL, archs=("sm_90a",))  # python -m rawflux.check_kernels compiles it
 
 
-def push_arrivals(rank: int, world: int, chunk_bytes: int, gbps: float) -> list[tuple[int, float]]:
-    """(chunk, ns after the call starts) in landing order on ``rank``: chunk (rank + s) mod W at
-    s x chunk_bytes / G (tune.ag_order.arrival_step: ops.ag_gemm.push_targets' steps)."""
-    t_chunk_ns = chunk_bytes / gbps  # bytes / (GB/s) = ns
+def push_arrivals(rank: int, world: int, chunk_bytes: int, gbps: float, slabs: int = 1) -> list[tuple[int, float]]:
+    """(ready flag, ns after the call starts) in landing order on ``rank``: slab j of chunk
+    (rank + s) mod W at (j x (W - 1) + s) x chunk_bytes / (slabs x G) (tune.ag_order.arrival_step:
+    ops.ag_gemm.push_targets' steps; slab-major, as ops.ag_gemm.schedule sends them); the flag is
+    ops.ag_gemm.ready_index(chunk, slab)."""
+    t_slab_ns = chunk_bytes / slabs / gbps  # bytes / (GB/s) = ns
     peers = sorted((q for q in range(world) if q != rank), key=lambda q: arrival_step(q, rank, world))
-    return [(q, arrival_step(q, rank, world) * t_chunk_ns) for q in peers]
+    return [(A.ready_index(q, j), (j * (world - 1) + arrival_step(q, rank, world)) * t_slab_ns) for j in range(slabs) for q in peers]
 
 
 def t_gather_ms(world: int, m: int, k: int, itemsize: int, gbps: float) -> float:
@@ -56,7 +60,8 @@ class AgLocal:
     ``gathered(m)`` is the (m, k) CuPy view the GEMM reads (fill it before timing: the peers'
     rows stay as filled, the own rows are rewritten from a_shard by each ``link`` call);
     ``tax(b, out, m, stream)`` and ``link(a_shard, b, out, m, gbps, stream)`` issue one call each;
-    ``config(m, link=)`` is the configuration each runs (the op's rule: ops.ag_gemm.fused_config).
+    ``config(m, link=)`` is the configuration each runs (the op's rule: ops.ag_gemm.fused_config),
+    ``slabs(m, cfg)`` its k-slabs (the op's pick; ``slabs=`` overrides it per call).
     """
 
     def __init__(self, world: int, max_m: int, n: int, k: int, dtype="bf16", *, rank: int = 0, timeout_s: float = 10.0):
@@ -76,6 +81,7 @@ class AgLocal:
         op.max_m = op.m_local_cap * world
         op.row_bytes = op.k * dt.itemsize
         op._cfgs, op._forced, op.tunable, op.last_tune, op.last_config = {}, {}, False, [], None
+        op.slab_choice, op._slabs = None, {}
         op.sms = tune.device_info(0).sms
         op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
         op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
@@ -85,8 +91,11 @@ class AgLocal:
         sync = _alloc(A.SYNC_BYTES, keep)
         words = sync.view(np.uint32)
         words[A.EPOCH_OFFSET // 4] = EPOCH
-        words[A.READY_OFFSET // 4:A.READY_OFFSET // 4 + MAX_WORLD] = EPOCH
+        self._ready = words[A.READY_OFFSET // 4:A.READY_OFFSET // 4 + MAX_WORLD * A.MAX_SLABS]
+        self._ready[:] = EPOCH
         self._ready_ptr = int(sync.data.ptr) + A.READY_OFFSET
+        self._epoch = EPOCH  # the op's epoch word as the calls issued so far leave it (each link call advances it)
+        self._all_ready = True  # every flag holds _epoch (a link call leaves only its own slabs' flags set)
         table = cupy.asarray(np.full(world, int(sync.data.ptr), dtype=np.uint64))
         keep.append(table)
         op._sync = SimpleNamespace(ptr=int(sync.data.ptr), peer_table_ptr=int(table.data.ptr))
@@ -110,20 +119,33 @@ class AgLocal:
         op = self.op
         return A.fused_config(op._default(m) if base is None else base, m, self.world, op.sms - 1 if link else 0)
 
+    def slabs(self, m: int, cfg) -> int:
+        """The op's k-slabs for calls of m on configuration cfg (ops.ag_gemm.AGGemm.slabs)."""
+        return self.op.slabs(m, cfg)
+
     def failed(self) -> int:
         return self.status.state()
 
-    def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool) -> None:
+    def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool, slabs: int) -> None:
         op = self.op
-        op._launch_gemm(s, op._prepare_gemm(s, cfg, m // self.world, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0), pdl=pdl)
+        op._launch_gemm(s, op._prepare_gemm(s, cfg, m // self.world, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0, slabs), pdl=pdl)
         op.last_config = cfg
 
-    def tax(self, b, out, m: int, stream: int, cfg=None) -> None:
-        """One call with every chunk landed (the flags a link call leaves, or the initial ones)."""
-        self._gemm(stream, cfg or self.config(m), m, b, out, pdl=False)
+    def tax(self, b, out, m: int, stream: int, cfg=None, slabs: int | None = None) -> None:
+        """One call with every chunk landed; ``slabs`` (default the op's pick) sets how many k-slab
+        flags the GEMM waits for (each already set)."""
+        import cupy
 
-    def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None) -> None:
-        """One call behind the emulated link of ``gbps`` GB/s (see the module docstring)."""
+        cfg = cfg or self.config(m)
+        if not self._all_ready:  # set every flag to the current epoch, in stream order before the GEMM
+            with cupy.cuda.ExternalStream(stream):
+                self._ready.fill(np.uint32(self._epoch))
+            self._all_ready = True
+        self._gemm(stream, cfg, m, b, out, pdl=False, slabs=self.slabs(m, cfg) if slabs is None else slabs)
+
+    def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None, slabs: int | None = None) -> None:
+        """One call behind the emulated link of ``gbps`` GB/s (see the module docstring), chunks in
+        ``slabs`` k-slabs (default the op's pick)."""
         import cupy
         from cupy.cuda import runtime
 
@@ -132,14 +154,18 @@ class AgLocal:
         ta = as_tensor(a_shard, "a_shard")
         if ta.shape != (m_loc, op.k):
             raise ValueError(f"AgLocal.link: a_shard is {tuple(ta.shape)}, not ({m_loc}, {op.k})")
+        cfg = cfg or self.config(m, link=True)
+        slabs = self.slabs(m, cfg) if slabs is None else int(slabs)
         op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._record, flags=0)  # the epoch, own rows
-        runtime.memsetAsync(self._ready_ptr, 0, 4 * W, stream)  # no peer chunk of this call has landed
-        key = (m, float(gbps))
+        self._epoch += 1
+        runtime.memsetAsync(self._ready_ptr, 0, 4 * W * A.MAX_SLABS, stream)  # no peer chunk of this call has landed
+        self._all_ready = False
+        key = (m, float(gbps), slabs)
         if key not in self._due:
-            arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps)
+            arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps, slabs)
             self._due[key] = (cupy.asarray(np.array([round(t) for _, t in arr], dtype=np.uint64)),
-                              cupy.asarray(np.array([q for q, _ in arr], dtype=np.int32)))
-        due, chunk = self._due[key]
-        args = LINK_EMU_ARGS.pack(self._ready_ptr, op.epoch_ptr, int(due.data.ptr), int(chunk.data.ptr), len(due), 0)
+                              cupy.asarray(np.array([f for f, _ in arr], dtype=np.int32)))
+        due, flag = self._due[key]
+        args = LINK_EMU_ARGS.pack(self._ready_ptr, op.epoch_ptr, int(due.data.ptr), int(flag.data.ptr), len(due), 0)
         engine.launch(self._emu, 1, 32, 1, 0, stream, (args,))
-        self._gemm(stream, cfg or self.config(m, link=True), m, b, out, pdl=True)
+        self._gemm(stream, cfg, m, b, out, pdl=True, slabs=slabs)

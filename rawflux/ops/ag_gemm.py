@@ -73,12 +73,12 @@ from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
-from ..tune.ag_order import chunk_span, rotation
+from ..tune.ag_order import SLAB_CHOICES, ag_units, chunk_span, pick_slabs, rotation
 from .gemm import gemm
 from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
-           "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation"]
+           "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation", "slab_count", "ready_index"]
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
@@ -95,17 +95,25 @@ B_LAYOUTS = ("nk", "kn")
 
 # Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
 # them against the CUDA structs with NVRTC static_asserts.
-AG_WAIT_PARAMS = struct.Struct("<QQQiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, pad
+AG_WAIT_PARAMS = struct.Struct("<QQQiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, slab_kb
 AG_LOCAL_ARGS = struct.Struct("<QQQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, pad
-AG_COPY_ARGS = struct.Struct("<QQQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, sync, sync_peers, counters, src_pitch, m_local, row_vecs, mode, pad
+AG_COPY_ARGS = struct.Struct("<QQQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, sync, sync_peers, counters, src_pitch, m_local, row_vecs, mode, slabs
 CALL_RECORD = struct.Struct("<16I")  # CallRecord (comm/call_record.cuh)
 LOCAL_ARRIVE_LATE, LOCAL_GATE = 1, 2  # kAgArriveLate, kAgGate
 
 # The op's sync buffer (fused/ag_gemm.cuh kAg*Offset; tests/cpu checks them against the CUDA enums).
+MAX_SLABS = 8  # kAgMaxSlabs: k-slabs per chunk at most
 EPOCH_OFFSET, LOCAL_DONE_OFFSET, ARRIVE_OFFSET = 0, 64, 128
-READY_OFFSET = ARRIVE_OFFSET + 4 * MAX_WORLD
-RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD
+READY_OFFSET = ARRIVE_OFFSET + 4 * MAX_WORLD  # u32 ready[MAX_WORLD][MAX_SLABS]
+RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD * MAX_SLABS
 SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * META_SLOT_BYTES
+COPY_COUNTERS = 2 + MAX_WORLD * MAX_SLABS  # kAgCopyCounters: ag_copy_kernel's claim, per-block and exit counters
+LINK_GBPS = 370.0  # the link the k-slab choice assumes (an H200's NVLink, one direction; rawflux.plan's default)
+
+
+def ready_index(chunk: int, slab: int = 0) -> int:
+    """The ready flag of slab ``slab`` of chunk ``chunk`` (ag_ready_index; slab 0: the whole chunk without slabs)."""
+    return chunk * MAX_SLABS + slab
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
 engine.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES)
@@ -166,6 +174,18 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
     return replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas)
 
 
+def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsize: int, gbps: float = LINK_GBPS) -> int:
+    """k-slabs per chunk for calls of m on fused configuration ``cfg``: tune.ag_order.pick_slabs on
+    the op's tile order, the model's GEMM time and a link of ``gbps`` (1 at decode sizes, where one
+    chunk is smaller than a slab's worth of k blocks would pay for)."""
+    t = cfg.tile
+    units = ag_units(m, n, world, 0, t, cfg.group, cfg.raster_n)
+    clusters = max(1, (cfg.ctas or dev.sms) // t.cluster_size)
+    waves = -(-len(units) // clusters)
+    unit_us = tune.estimate_us(m, n, k, cfg, dev, itemsize) / waves
+    return pick_slabs(units, t, m, k, world, itemsize, gbps, clusters, unit_us, tune.BK)
+
+
 @dataclass(frozen=True)
 class Step:
     """One action of a call, in issue order. kind:
@@ -174,10 +194,10 @@ class Step:
                 peer's arrival (``gate``)
       barrier   group barrier (main stream; pull only)
       fork      side streams start after the main stream's work so far
-      copy      copy engine, on side stream ``side``: chunk ``chunk`` from ``src`` ("shard": this
-                rank's input; or rank ``src_rank``'s gathered buffer) into rank ``dst_rank``'s
-                gathered buffer (same chunk rows)
-      flag      copy engine, on ``side``: rank ``dst_rank``'s ready[``chunk``] = this call's epoch
+      copy      copy engine, on side stream ``side``: chunk ``chunk`` (its k-slab ``slab`` of
+                ``slabs``) from ``src`` ("shard": this rank's input; or rank ``src_rank``'s
+                gathered buffer) into rank ``dst_rank``'s gathered buffer (same rows, columns)
+      flag      copy engine, on ``side``: rank ``dst_rank``'s ready[``chunk``][``slab``] = this call's epoch
       gemm      the GEMM with the wait prologue (main stream); on the "sm" path launched as the
                 copy kernel's programmatic dependent (it starts once every copy CTA runs)
       sm_copy   the copy kernel, on the main stream (it runs the same loop on SMs)
@@ -192,10 +212,12 @@ class Step:
     src_rank: int = -1
     dst_rank: int = -1
     chunk: int = -1
+    slab: int = 0
 
 
-def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -> list[Step]:
-    """The ordered actions of one call on ``rank`` (world > 1)."""
+def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1, slabs: int = 1) -> list[Step]:
+    """The ordered actions of one call on ``rank`` (world > 1); with k-slabs the copies go
+    slab-major (slab 0 to every peer, then slab 1, ...), each peer's on the same side stream."""
     if direction not in DIRECTIONS or copy not in COPIES:
         raise ValueError(f"direction {direction!r} / copy {copy!r}")
     steps: list[Step] = [Step("barrier")] if direction == "pull" else []
@@ -208,30 +230,33 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1) -
         # once every copy CTA is resident (a side stream's kernel may get no SM while GEMMs spin).
         return steps + [Step("sm_copy"), Step("gemm")]
     steps += [Step("fork")]
-    if direction == "push":
-        for i, q in enumerate(push_targets(rank, world)):
-            side = i % sides
-            steps.append(Step("copy", side, "shard", rank, q, rank))
-            steps.append(Step("flag", side, dst_rank=q, chunk=rank))
-    else:
-        for i, q in enumerate(pull_sources(rank, world)):
-            side = i % sides
-            steps.append(Step("copy", side, "gathered", q, rank, q))
-            steps.append(Step("flag", side, dst_rank=rank, chunk=q))
+    for j in range(slabs):
+        if direction == "push":
+            for i, q in enumerate(push_targets(rank, world)):
+                side = i % sides
+                steps.append(Step("copy", side, "shard", rank, q, rank, j))
+                steps.append(Step("flag", side, dst_rank=q, chunk=rank, slab=j))
+        else:
+            for i, q in enumerate(pull_sources(rank, world)):
+                side = i % sides
+                steps.append(Step("copy", side, "gathered", q, rank, q, j))
+                steps.append(Step("flag", side, dst_rank=rank, chunk=q, slab=j))
     steps += [Step("gemm"), Step("check", 0), Step("join")]
     return steps
 
 
-def sm_copy_steps(direction: str, rank: int, world: int) -> list[Step]:
-    """What ag_copy_kernel does, step by step (mirrors ag_copy_body in fused/ag_gemm.cuh)."""
+def sm_copy_steps(direction: str, rank: int, world: int, slabs: int = 1) -> list[Step]:
+    """What ag_copy_kernel does, block by block (mirrors ag_copy_body in fused/ag_gemm.cuh):
+    (slab, step) blocks slab-major."""
     out = []
-    for step in range(1, world):
-        if direction == "push":
-            q = (rank - step + world) % world
-            out += [Step("copy", 0, "shard", rank, q, rank), Step("flag", 0, dst_rank=q, chunk=rank)]
-        else:
-            q = (rank + step) % world
-            out += [Step("copy", 0, "gathered", q, rank, q), Step("flag", 0, dst_rank=rank, chunk=q)]
+    for j in range(slabs):
+        for step in range(1, world):
+            if direction == "push":
+                q = (rank - step + world) % world
+                out += [Step("copy", 0, "shard", rank, q, rank, j), Step("flag", 0, dst_rank=q, chunk=rank, slab=j)]
+            else:
+                q = (rank + step) % world
+                out += [Step("copy", 0, "gathered", q, rank, q, j), Step("flag", 0, dst_rank=rank, chunk=q, slab=j)]
     return out
 
 
@@ -371,6 +396,7 @@ class _Fast:
     src_pitch: int  # a_shard's row pitch in bytes
     bias_kind: int
     meta: bytes  # the call record, packed (CALL_RECORD)
+    slabs: int  # k-slabs per chunk
     spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
@@ -384,21 +410,25 @@ class AGGemm(CollectiveOp):
     """Fused AllGather-GEMM sized once (see the module docstring).
 
     AGGemm(group, max_m, n, k, dtype, b_layout="nk", *, direction=None, copy=None, out_dtype=None,
-           copy_sms=None, ce_streams=1)
+           copy_sms=None, ce_streams=1, slabs=None)
     group: a rawflux Group (None: the current one). max_m: the largest m (all ranks' rows) a call
     may use; m must be a multiple of the world size W. n: this rank's output columns (n_local).
     direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" (default
-    RAWFLUX_AG_COPY, ce). Collective: every rank constructs the same op objects in the same order.
+    RAWFLUX_AG_COPY, ce). slabs: k-slabs per chunk (1, 2, 4 or 8, dividing k into whole 64-column
+    blocks; None: per m, the model's pick, ``op.slabs(m)``): a chunk travels as that many column
+    slabs, each with its own flag, so a tile starts on the first slab while the rest is in flight.
+    Collective: every rank constructs the same op objects in the same order.
     Call it: ``op(a_shard, b, bias=None, out=None, gathered_out=None, return_gathered=False, stream=None)``.
     Tuning: ``op.tune(m)`` (collective), or RAWFLUX_TUNE=on at the first call of each m.
     """
 
     OP_NAME = "ag_gemm"
     OP_ID = OP_AG_GEMM
-    META_FIELDS = ("m_local", "k", "dtype", "direction", "copy path", "capacity (max_m / W)")
+    META_FIELDS = ("m_local", "k", "dtype", "direction", "copy path", "capacity (max_m / W)", "k-slabs")
 
     def __init__(self, group, max_m: int, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
-                 copy: str | None = None, out_dtype=None, copy_sms: int | None = None, ce_streams: int = 1):
+                 copy: str | None = None, out_dtype=None, copy_sms: int | None = None, ce_streams: int = 1,
+                 slabs: int | None = None):
         direction = env.ag_direction() if direction is None else direction
         copy = default_copy(resolve_group(group), copy)
         _check_options(direction, copy, b_layout)
@@ -411,6 +441,11 @@ class AGGemm(CollectiveOp):
         _check_nk(n, k)
         if int(ce_streams) < 1:
             raise ValueError(f"ce_streams must be at least 1, got {ce_streams}")
+        if slabs is not None and (int(slabs) not in SLAB_CHOICES or k % (int(slabs) * tune.BK)):
+            raise ValueError(f"slabs = {slabs}: one of {SLAB_CHOICES} that splits k = {k} into whole "
+                             f"{tune.BK}-column blocks (None: the model's pick per m)")
+        self.slab_choice = None if slabs is None else int(slabs)
+        self._slabs: dict[tuple, int] = {}
         g = resolve_group(group)
         world = g.world
         if max_m < world:
@@ -452,15 +487,16 @@ class AGGemm(CollectiveOp):
             import cupy
 
             with self._device():
-                self._counters = cupy.zeros(MAX_WORLD + 1, dtype=cupy.uint32)  # ag_copy_kernel's claim/part/exit counters, zero between launches
+                self._counters = cupy.zeros(COPY_COUNTERS, dtype=cupy.uint32)  # ag_copy_kernel's counters, zero between launches
                 # The zeroing ran on CuPy's current stream; the copy kernel runs on a side stream
                 # that does not order with it: settle it now (construction is not capturable anyway).
                 cupy.cuda.Device(self.device_id).synchronize()
             # Load every small kernel now: never compile or load inside a graph capture.
             self.kernel(KERNEL_FILE, LOCAL_KERNEL)
             self.kernel(KERNEL_FILE, COPY_KERNEL if copy == "sm" else CHECK_KERNEL)
-            # per-op constants of every call: its steps, the start kernel's flags, the check's arguments
-            self._schedule = tuple(schedule(direction, copy, self.rank, world, max(1, sides)))
+            # per-op constants of every call: its steps (per slab count), the start kernel's flags, the check's arguments
+            self._sides = max(1, sides)
+            self._schedules = {s: tuple(schedule(direction, copy, self.rank, world, self._sides, s)) for s in SLAB_CHOICES}
             self._local_flags = (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if copy == "ce" else 0)
             self._check_args = (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr))  # one per parameter
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
@@ -496,6 +532,23 @@ class AGGemm(CollectiveOp):
 
     def _default(self, m: int) -> GemmConfig:
         return engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
+
+    def slabs(self, m: int, cfg: GemmConfig | None = None) -> int:
+        """k-slabs per chunk of a call with m rows on fused configuration ``cfg`` (default
+        ``config(m)``): the constructor's ``slabs``, else slab_count's pick (1 at world 1)."""
+        if self.world == 1:
+            return 1
+        if self.slab_choice is not None:
+            return self.slab_choice
+        cfg = self.config(m) if cfg is None else cfg
+        key = (m, cfg)
+        got = self._slabs.get(key)
+        if got is None:
+            if len(self._slabs) > 4096:
+                self._slabs.clear()
+            got = self._slabs[key] = slab_count(cfg, m, self.n, self.k, self.world, tune.device_info(self.device_id),
+                                                self.out_dtype.itemsize)
+        return got
 
     def _adapt(self, base: GemmConfig, m: int) -> GemmConfig:
         """A GEMM configuration as calls of m run it (fused_config), on the SMs the call leaves free."""
@@ -585,14 +638,16 @@ class AGGemm(CollectiveOp):
             cfg = engine.pick_config(m, n, k, self.dtype, self.b_layout, od, self.device_id)
             plan = engine.plan(cfg, m, n, k, dtype=self.dtype, b_layout=self.b_layout, out_dtype=od, device_id=self.device_id, stream=s)
             bound = plan.bind(ta.strides[0] if m > 1 else k, ldb)
-            meta = b""
+            meta, slabs = b"", 1
         else:
-            plan, pro = self._gemm_plan(s, self.last_config, m_loc)
+            slabs = self.slabs(m, self.last_config)
+            plan, pro = self._gemm_plan(s, self.last_config, m_loc, slabs)
             bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
-            meta = self.call_record(self._fields(m_loc))
+            meta = self.call_record(self._fields(m_loc, slabs))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
-        return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, spans, fastpath.byte_span(m, n, ldc, od.itemsize), new_out)
+        return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, slabs, spans, fastpath.byte_span(m, n, ldc, od.itemsize),
+                     new_out)
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
@@ -610,7 +665,7 @@ class AGGemm(CollectiveOp):
                 f.bound.launch(s)
             else:
                 with self._device():
-                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s))
+                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs)
         return out
 
     def _call(self, c: Call, return_gathered: bool):
@@ -625,7 +680,6 @@ class AGGemm(CollectiveOp):
             tc, out_obj = c.tout, c.tout.obj
         else:
             tc, out_obj = new_output((m, self.n), self.out_dtype, ta, stream=s)
-        fields = self._fields(m_loc)
         if config is None:
             if m not in self._cfgs and m not in self._forced and env.tune_mode() == "on":
                 self.tune_first_use(m, s)
@@ -633,9 +687,11 @@ class AGGemm(CollectiveOp):
         else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
             ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
             cfg = replace(config, decomp=tune.DP, ctas=ctas)
+        slabs = self.slabs(m, cfg)
+        fields = self._fields(m_loc, slabs)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
-            self._run(s, ta, tb, tc, m_loc, cfg, c.bias_ptr, c.bias_kind, fields)
+            self._run(s, ta, tb, tc, m_loc, cfg, c.bias_ptr, c.bias_kind, fields, slabs)
             if tg is not None:
                 from cupy.cuda import runtime
 
@@ -649,9 +705,9 @@ class AGGemm(CollectiveOp):
         view = _cupy_matrix(self._gath.ptr, m, self.k, dt, self, dev)
         return result, wrap_output(ta, view, stream=s)
 
-    def _fields(self, m_loc: int) -> tuple[int, ...]:
+    def _fields(self, m_loc: int, slabs: int) -> tuple[int, ...]:
         """The call record's fields (META_FIELDS)."""
-        return (m_loc, self.k, DTYPE_CODE[self.dtype], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap)
+        return (m_loc, self.k, DTYPE_CODE[self.dtype], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap, slabs)
 
     def _call_local(self, ta, tb, bias, out, tg, gathered_out, return_gathered, s, config):
         """World 1: no communication. The gathered A is a_shard itself."""
@@ -670,20 +726,20 @@ class AGGemm(CollectiveOp):
             return res
         return res, (gathered_out if gathered_out is not None else ta.obj)
 
-    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields) -> None:
+    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields, slabs: int) -> None:
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
-        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind)
-        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"))
+        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs)
+        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs)
 
-    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm) -> None:
+    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int) -> None:
         """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check."""
         from cupy.cuda import runtime
 
-        rank, world = self.rank, self.world
         chunk = self.chunk_bytes(m_loc)
+        slab_bytes = self.row_bytes // slabs  # one slab's columns of a row
         gath, sync = self._gath, self._sync
         sides: list[int] = []
-        for st in self._schedule:
+        for st in self._schedules[slabs]:
             kind = st.kind
             if kind == "local":
                 self._launch_local(s, a_ptr, src_pitch, m_loc, record)
@@ -692,20 +748,24 @@ class AGGemm(CollectiveOp):
             elif kind == "fork":
                 sides = self.fork(s)
             elif kind == "copy":
-                dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk
+                col = st.slab * slab_bytes
+                dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk + col
                 if st.src == "shard":
-                    runtime.memcpy2DAsync(dst, self.row_bytes, a_ptr, src_pitch, self.row_bytes, m_loc,
+                    runtime.memcpy2DAsync(dst, self.row_bytes, a_ptr + col, src_pitch, slab_bytes, m_loc,
                                           runtime.memcpyDefault, sides[st.side])
+                elif slabs > 1:
+                    runtime.memcpy2DAsync(dst, self.row_bytes, gath.peer_ptrs[st.src_rank] + st.chunk * chunk + col, self.row_bytes,
+                                          slab_bytes, m_loc, runtime.memcpyDefault, sides[st.side])
                 else:
                     runtime.memcpyAsync(dst, gath.peer_ptrs[st.src_rank] + st.chunk * chunk, chunk, runtime.memcpyDefault,
                                         sides[st.side])
             elif kind == "flag":
                 # The flag = this call's epoch, copied from device memory after the data copy on
                 # the same stream (stream order: the data is complete before the flag lands).
-                runtime.memcpyAsync(sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * st.chunk, self.epoch_ptr, 4,
+                runtime.memcpyAsync(sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * ready_index(st.chunk, st.slab), self.epoch_ptr, 4,
                                     runtime.memcpyDefault, sides[st.side])
             elif kind == "sm_copy":
-                self._launch_copy(s, a_ptr, src_pitch, m_loc)
+                self._launch_copy(s, a_ptr, src_pitch, m_loc, slabs)
             elif kind == "gemm":
                 launch_gemm()
             elif kind == "check":
@@ -728,31 +788,33 @@ class AGGemm(CollectiveOp):
         # the engine's lean path (launch config cached, one argument block per thread)
         engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, record))
 
-    def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int) -> None:
+    def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int, slabs: int = 1) -> None:
         args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,
-                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], 0)
+                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], slabs)
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
 
     def _launch_check(self, s: int) -> None:
         engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, self._check_args)
 
-    def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int):
+    def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int, slabs: int = 1):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
         params), resolved before the call issues anything: no compile or module load happens
         while this rank's barrier spins."""
         m, n = m_loc * self.world, self.n
-        plan, pro = self._gemm_plan(s, cfg, m_loc)
+        plan, pro = self._gemm_plan(s, cfg, m_loc, slabs)
         ldc = tc.strides[0] if m > 1 else n
         epi = engine.epilogue_params(engine.plain_epilogue(self.out_dtype), tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         return plan, plan.args(self._gath.ptr, tb.ptr, self.k, ldb, pro, epi)
 
-    def _gemm_plan(self, s: int, cfg: GemmConfig, m_loc: int):
+    def _gemm_plan(self, s: int, cfg: GemmConfig, m_loc: int, slabs: int = 1):
         """(the GEMM's plan on the gathered A, AgWait's params) for calls of m_loc rows per rank on
-        stream s. The engine's pipeline waits trap when they expire: they get longer than any
-        flag wait, so a late peer surfaces as the flag wait's clear error."""
+        stream s, chunks in ``slabs`` k-slabs. The engine's pipeline waits trap when they expire:
+        they get longer than any flag wait, so a late peer surfaces as the flag wait's clear error."""
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
-        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world, 0)
+        slab_kb = k // tune.BK // slabs if slabs > 1 else 0  # AgWait: k blocks per slab (0: whole chunks)
+        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world,
+                                  slab_kb)
         seg_count, seg_start = rotation(m, self.world, self.rank, cfg.tile)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
                            stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),

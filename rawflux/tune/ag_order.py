@@ -11,10 +11,10 @@ row's, clipped at m, and it waits for every chunk (m / W rows, chunk q = rank q'
 Arrivals (push or pull, copy engine): chunk (r + s) mod W lands at s x one chunk's link time, the
 own chunk is there at 0 (ops.ag_gemm.arrival_order).
 
-K-slabs (a design the planner models ahead of the kernel): each chunk is sent as S slabs of k / S
-columns, slab-major (every peer's slab 0, then every peer's slab 1, ...), with a flag per (chunk,
-slab); a unit's mainloop reads k in order, so it needs slab j only j / S of its time after it starts
-(slab_need_us).
+K-slabs: each chunk is sent as S slabs of k / S columns, slab-major (every peer's slab 0, then
+every peer's slab 1, ...), with a flag per (chunk, slab); a unit's mainloop reads k in order, so it
+needs slab j only j / S of its time after it starts (slab_need_us). pick_slabs chooses S for a call
+(ops.ag_gemm runs it).
 
 Limits: every unit takes the same time (a wave of the model's GEMM time) and reads k at one rate; a
 chunk (slab) lands whole at once (the flag follows the data); the link runs at one rate with no
@@ -28,7 +28,10 @@ from .configs import TileConfig
 from .plans import raster
 
 __all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "rotation", "row_shift",
-           "simulate", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span"]
+           "pick_slabs", "simulate", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span", "SLAB_CHOICES", "SLAB_GAIN"]
+
+SLAB_CHOICES = (1, 2, 4, 8)  # k-slabs per chunk a call may use (kAgMaxSlabs = 8 in fused/ag_gemm.cuh)
+SLAB_GAIN = 0.97  # S > 1 only where the model's GEMM ends this much earlier than with whole chunks
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -161,3 +164,21 @@ def simulate(need, clusters: int, unit_us: float) -> AgSim:
             start[u] = max(t, need[u])
             t = end[u] = start[u] + unit_us
     return AgSim(free, start, end, max(end, default=0.0))
+
+
+def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: int, gbps: float, clusters: int, unit_us: float,
+               bk: int = 64) -> int:
+    """k-slabs per chunk for a call: the fewest S of SLAB_CHOICES (k split into whole bk-column
+    blocks) whose simulated GEMM end is within 1 % of the best, and 1 unless that end is SLAB_GAIN
+    of whole chunks' or less (the model counts no per-slab cost: flags, waits, copies). Rank 0's
+    view: every rank's arrivals are the same pattern rotated, and the call record compares S."""
+    m_local = m // world
+    ends = {1: simulate(unit_need_us(units, tile, m, world, arrival_us(world, 0, m_local, k, itemsize, gbps)), clusters,
+                        unit_us).gemm_end}
+    for s in SLAB_CHOICES[1:]:
+        if k % (s * bk) == 0:
+            arr = slab_arrival_us(world, 0, m_local, k, itemsize, gbps, s)
+            ends[s] = simulate(slab_need_us(units, tile, m, world, arr, unit_us), clusters, unit_us).gemm_end
+    best = min(ends.values())
+    s = min(x for x, t in ends.items() if t <= best * 1.01)
+    return s if ends[s] <= SLAB_GAIN * ends[1] else 1

@@ -53,19 +53,20 @@ def test_pull_fetches_in_the_gemm_order(world):
         assert [r] + A.pull_sources(r, world) == A.arrival_order(r, world)
 
 
-def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
+def _simulate(direction, copy, world, sides, m_local=3, k=8, seed=0, slabs=1):
     """Run every rank's schedule on host buffers (each side stream in order, streams in
-    any interleaving), check flags are set only after their data and every buffer ends full."""
+    any interleaving), check flags are set only after their data and every buffer ends full.
+    slabs > 1: each copy moves k / slabs columns and each flag covers them."""
     rng = np.random.default_rng(seed)
     shards = [rng.standard_normal((m_local, k)) for _ in range(world)]
     gath = [np.full((world * m_local, k), np.nan) for _ in range(world)]
-    ready = [np.zeros(world, dtype=np.int64) for _ in range(world)]
+    ready = [np.zeros((world, slabs), dtype=np.int64) for _ in range(world)]
     epoch = 7
     # phase 1: the call's start on every rank (pull: after a barrier): own rows, the arrival;
     # phase 2: the copies, each of which needs its peer's arrival (all arrived after phase 1)
     queues = []
     for r in range(world):
-        steps = A.schedule(direction, copy, r, world, sides)
+        steps = A.schedule(direction, copy, r, world, sides, slabs)
         kinds = [s.kind for s in steps]
         start = kinds.index("local")
         assert kinds[:start + 1] == (["barrier", "local"] if direction == "pull" else ["local"]), kinds
@@ -79,7 +80,7 @@ def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
             assert [st.kind for st in after] == ["sm_copy", "gemm"]
         work = [s for s in after if s.kind in ("copy", "flag", "sm_copy")]
         if any(s.kind == "sm_copy" for s in work):
-            work = A.sm_copy_steps(direction, r, world)
+            work = A.sm_copy_steps(direction, r, world, slabs)
         per_side = {}
         for s in work:
             per_side.setdefault(s.side, []).append((r, s))
@@ -93,34 +94,47 @@ def _simulate(direction, copy, world, sides, m_local=3, k=2, seed=0):
             r, s = q[pos[qi]]
             pos[qi] += 1
             rows = slice(s.chunk * m_local, (s.chunk + 1) * m_local)
+            cols = slice(s.slab * (k // slabs), (s.slab + 1) * (k // slabs))
             if s.kind == "copy":
-                src = shards[r] if s.src == "shard" else gath[s.src_rank][rows]
+                src = shards[r][:, cols] if s.src == "shard" else gath[s.src_rank][rows, cols]
                 assert not np.isnan(src).any(), f"rank {r} copies chunk {s.chunk} before it exists"
-                gath[s.dst_rank][rows] = src
+                gath[s.dst_rank][rows, cols] = src
             else:
-                assert ready[s.dst_rank][s.chunk] < epoch
-                assert np.array_equal(gath[s.dst_rank][rows], shards[s.chunk]), "flag set before its data"
-                ready[s.dst_rank][s.chunk] = epoch
+                assert ready[s.dst_rank][s.chunk, s.slab] < epoch
+                assert np.array_equal(gath[s.dst_rank][rows, cols], shards[s.chunk][:, cols]), "flag set before its data"
+                ready[s.dst_rank][s.chunk, s.slab] = epoch
     full = np.concatenate(shards)
     for r in range(world):
         assert np.array_equal(gath[r], full), f"rank {r}'s gathered buffer"
-        assert all(ready[r][q] == epoch for q in range(world) if q != r), f"rank {r}'s flags {ready[r]}"
-        assert ready[r][r] == 0  # the own chunk needs no flag: it is in place before the GEMM
+        assert all((ready[r][q] == epoch).all() for q in range(world) if q != r), f"rank {r}'s flags {ready[r]}"
+        assert (ready[r][r] == 0).all()  # the own chunk needs no flag: it is in place before the GEMM
 
 
+@pytest.mark.parametrize("slabs", [1, 2, 8])
 @pytest.mark.parametrize("direction,copy,sides", [("push", "ce", 1), ("pull", "ce", 1), ("push", "ce", 3), ("pull", "ce", 2),
                                                   ("push", "sm", 1), ("pull", "sm", 1)])
 @pytest.mark.parametrize("world", WORLDS)
-def test_schedule_gathers_everything(direction, copy, sides, world):
-    _simulate(direction, copy, world, sides)
+def test_schedule_gathers_everything(direction, copy, sides, world, slabs):
+    _simulate(direction, copy, world, sides, slabs=slabs)
+
+
+@pytest.mark.parametrize("copy", ["ce", "sm"])
+def test_slabs_go_slab_major(copy):
+    """Every peer's slab j is sent before any slab j + 1 (the order the link emulator and the
+    planner assume: a tile's first slab lands after one slab of each peer, not after whole chunks)."""
+    for world in (2, 4, 8):
+        for r in range(world):
+            steps = A.schedule("push", copy, r, world, 1, 4) if copy == "ce" else A.sm_copy_steps("push", r, world, 4)
+            sl = [st.slab for st in steps if st.kind == "copy"]
+            assert sl == sorted(sl) and len(sl) == 4 * (world - 1)
 
 
 def test_simulation_can_fail():
     # flag before the data: the simulation must notice
     orig = A.schedule
 
-    def broken(direction, copy, rank, world, sides=1):
-        steps = orig(direction, copy, rank, world, sides)
+    def broken(direction, copy, rank, world, sides=1, slabs=1):
+        steps = orig(direction, copy, rank, world, sides, slabs)
         i = next(i for i, s in enumerate(steps) if s.kind == "copy")
         steps[i], steps[i + 1] = steps[i + 1], steps[i]
         return steps
@@ -201,11 +215,11 @@ def _layout_asserts() -> str:
                 lines.append(f'static_assert(__builtin_offsetof({struct_name}, {name}) == {off}, "{struct_name}.{name}");')
             off += {"Q": 8, "q": 8, "i": 4, "I": 4}[code]
 
-    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "pad"))
+    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "slab_kb"))
     fields("AgLocalArgs", A.AG_LOCAL_ARGS,
            ("group_ctrl", "src", "dst", "sync", "sync_peers", "src_pitch", "m_local", "row_vecs", "flags", "pad"))
     fields("AgCopyArgs", A.AG_COPY_ARGS,
-           ("group_ctrl", "src", "gath_peers", "sync", "sync_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "pad"))
+           ("group_ctrl", "src", "gath_peers", "sync", "sync_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "slabs"))
     lines += [
         f'static_assert(sizeof(CallRecord) == {A.CALL_RECORD.size}, "CallRecord");',
         f'static_assert(kMetaWords == {C.META_WORDS} && kMetaSlotBytes == {C.META_SLOT_BYTES}, "meta words");',
@@ -213,6 +227,8 @@ def _layout_asserts() -> str:
         f'static_assert(kAgArriveOffset == {A.ARRIVE_OFFSET} && kAgReadyOffset == {A.READY_OFFSET}, "sync: arrive, ready");',
         f'static_assert(kAgRecordsOffset == {A.RECORDS_OFFSET} && kAgSyncBytes == {A.SYNC_BYTES}, "sync: records, size");',
         f'static_assert(kAgArriveLate == {A.LOCAL_ARRIVE_LATE} && kAgGate == {A.LOCAL_GATE}, "local flags");',
+        f'static_assert(kAgMaxSlabs == {A.MAX_SLABS} && kAgCopyCounters == {A.COPY_COUNTERS}, "slabs, copy counters");',
+        f'static_assert(ag_ready_index(3, 5) == {A.ready_index(3, 5)}, "ready index");',
         f'static_assert(kStateCallMismatch == {C.STATE_CALL_MISMATCH}, "mismatch state");',
         f'static_assert(kAgPush == {A.DIRECTIONS["push"]} && kAgPull == {A.DIRECTIONS["pull"]}, "directions");',
         f'static_assert(kOpAgGemm == {OP_AG_GEMM}, "op id");',
@@ -485,12 +501,13 @@ def types_ns(**kw):
     return types.SimpleNamespace(**kw)
 
 
+@pytest.mark.parametrize("slabs", [1, 2])
 @pytest.mark.parametrize("direction,copy", [("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm")])
-def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
+def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
     log, plans = fake_cuda
     rank, world, m_loc, n, k = 1, 4, 100, 64, 128
     row = 2 * k
-    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy)
+    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy, slabs=slabs)
     main = 0x42
     a = FakeCAI(BASE, (m_loc, k))
     out = FakeCAI(BASE + (1 << 30), (m_loc * world, n))
@@ -508,7 +525,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     assert args[3:5] == (sync.ptr, sync.peer_table_ptr)
     assert args[8] == (A.LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (A.LOCAL_GATE if copy == "ce" else 0)
     record = A.CALL_RECORD.unpack(local[4][1])
-    assert record[:8] == (0, OP_AG_GEMM, m_loc, k, C.DTYPE_CODE[DType.BF16], A.DIRECTIONS[direction], A.COPIES[copy], 128)
+    assert record[:9] == (0, OP_AG_GEMM, m_loc, k, C.DTYPE_CODE[DType.BF16], A.DIRECTIONS[direction], A.COPIES[copy], 128, slabs)
     # push: no barrier at all; pull: one, before the call's start
     barriers = [i for i, kd in enumerate(kinds) if kd == "barrier"]
     assert len(barriers) == (direction == "pull")
@@ -519,7 +536,9 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     assert g[2] == main and kinds.index("gemm_kernel") > kinds.index("ag_local_kernel")
     tmap_a, _, params, pro, _, tmap_a_tail = g[4]
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
-    assert A.AG_WAIT_PARAMS.unpack(pro)[1:6] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world)
+    # k blocks per slab (k = 128: two 64-column blocks), 0 for whole chunks
+    assert A.AG_WAIT_PARAMS.unpack(pro)[1:7] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
+                                                 0 if slabs == 1 else 1)
     p = A.engine.GEMM_PARAMS.unpack(params)
     # m, splits, and the rotation: one-row segments, starting at rank's first whole cluster row
     assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == A.rotation(m_loc * world, world, rank, plans[-1][0].tile)
@@ -531,16 +550,21 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
     if copy == "ce":
         data = [e for e in log if e[0] in ("memcpy2d", "memcpy") and e[3] != 4]
         flags = [e for e in log if e[0] == "memcpy" and e[3] == 4]
-        assert len(data) == len(flags) == world - 1
+        assert len(data) == len(flags) == (world - 1) * slabs
+        col = row // slabs  # one slab's bytes of a row; slab-major: slab 0 to every peer first
+        ready = A.READY_OFFSET
         if direction == "push":
-            assert [d[1] for d in data] == [gath.peer_ptrs[q] + rank * chunk for q in A.push_targets(rank, world)]
-            assert all(d[2] == BASE and d[3] == chunk and d[5] == row for d in data)
-            assert [f[1] for f in flags] == [sync.peer_ptrs[q] + A.READY_OFFSET + 4 * rank for q in A.push_targets(rank, world)]
+            tg = A.push_targets(rank, world)
+            assert [d[1] for d in data] == [gath.peer_ptrs[q] + rank * chunk + j * col for j in range(slabs) for q in tg]
+            assert [d[2] for d in data] == [BASE + j * col for j in range(slabs) for q in tg]
+            assert all(d[3] == m_loc * col and d[5] == row for d in data)
+            assert [f[1] for f in flags] == [sync.peer_ptrs[q] + ready + 4 * A.ready_index(rank, j) for j in range(slabs) for q in tg]
         else:
             srcs = A.pull_sources(rank, world)
-            assert [d[1] for d in data] == [gath.ptr + q * chunk for q in srcs]
-            assert [d[2] for d in data] == [gath.peer_ptrs[q] + q * chunk for q in srcs]
-            assert [f[1] for f in flags] == [sync.ptr + A.READY_OFFSET + 4 * q for q in srcs]
+            assert [d[1] for d in data] == [gath.ptr + q * chunk + j * col for j in range(slabs) for q in srcs]
+            assert [d[2] for d in data] == [gath.peer_ptrs[q] + q * chunk + j * col for j in range(slabs) for q in srcs]
+            assert all(d[3] == m_loc * col for d in data)
+            assert [f[1] for f in flags] == [sync.ptr + ready + 4 * A.ready_index(q, j) for j in range(slabs) for q in srcs]
         assert all(f[2] == op.epoch_ptr == sync.ptr + A.EPOCH_OFFSET for f in flags)  # the flag is the op's device-resident epoch
         assert all(e[4] in sides for e in data + flags)
         # each flag follows its data copy on the same side stream
@@ -562,7 +586,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy):
         cp_ = next(e for e in log if e[0] == "launch" and e[1] == "ag_copy_kernel")
         assert cp_[2] == main and cp_[3] == op.copy_sms
         ca = A.AG_COPY_ARGS.unpack(cp_[4][0])
-        assert ca[2:5] == (gath.peer_table_ptr, sync.ptr, sync.peer_table_ptr) and ca[9] == A.DIRECTIONS[direction]
+        assert ca[2:5] == (gath.peer_table_ptr, sync.ptr, sync.peer_table_ptr) and ca[9:11] == (A.DIRECTIONS[direction], slabs)
         assert op.last_config.ctas == 132 - op.copy_sms
         # three launches on one stream: the call's start, the copy kernel (it compares the
         # records), the GEMM right after it as its programmatic dependent
@@ -690,8 +714,16 @@ def test_link_emulator_arrivals_follow_the_push_schedule():
             arr = push_arrivals(rank, world, 1 << 20, 370.0)
             # rank r receives chunk r + s at step s (push_targets: rank q writes q - s)
             senders = {s: q for q in range(world) for s, t in enumerate(A.push_targets(q, world), 1) if t == rank}
-            assert [c for c, _ in arr] == [senders[s] for s in range(1, world)] == A.arrival_order(rank, world)[1:]
+            assert [f for f, _ in arr] == [A.ready_index(senders[s]) for s in range(1, world)]
+            assert [senders[s] for s in range(1, world)] == A.arrival_order(rank, world)[1:]
             assert [round(t) for _, t in arr] == [round(s * (1 << 20) / 370.0) for s in range(1, world)]
+            # k-slabs: slab-major (slab j of every chunk before slab j + 1), one slab's time apart
+            for slabs in (2, 4, 8):
+                arr = push_arrivals(rank, world, 1 << 20, 370.0, slabs)
+                t_slab = (1 << 20) / slabs / 370.0
+                assert [f for f, _ in arr] == [A.ready_index(senders[s], j) for j in range(slabs) for s in range(1, world)]
+                assert [round(t) for _, t in arr] == [round((j * (world - 1) + s) * t_slab) for j in range(slabs) for s in range(1, world)]
+                assert max(t for _, t in arr) == pytest.approx((world - 1) * (1 << 20) / 370.0)  # the gather's time is the same
     assert t_gather_ms(8, 1024, 12288, 2, 370.0) == pytest.approx(7 * 128 * 12288 * 2 / 370e9 * 1e3)
 
 
@@ -700,8 +732,38 @@ def test_link_emulator_args_match_cuda():
 
     src = ['#include "rawflux/kernels/link_emu.cu"', "namespace rawflux {",
            f'static_assert(sizeof(LinkEmuArgs) == {LINK_EMU_ARGS.size}, "size");']
-    for name, off in (("ready", 0), ("epoch", 8), ("due_ns", 16), ("chunk", 24), ("count", 32)):
+    for name, off in (("ready", 0), ("epoch", 8), ("due_ns", 16), ("flag", 24), ("count", 32)):
         src.append(f'static_assert(__builtin_offsetof(LinkEmuArgs, {name}) == {off}, "{name}");')
     src.append("}")
     res = compile_cubin("\n".join(src) + "\n", arch="sm_90a", name_expressions=(EMU_KERNEL,))
     _no_spills(res, (EMU_KERNEL,))
+
+
+def test_slab_count_is_the_model_pick():
+    """slab_count: whole chunks at decode and where one chunk fills waves; slabs where one wave
+    holds every chunk (Llama-3-70B QKV at W = 8); always one of the kernel's counts, dividing k."""
+    from rawflux import tune
+    from rawflux.plan import H200_SMS, h200
+    from rawflux.tune.ag_order import SLAB_CHOICES
+
+    dev = h200(H200_SMS)
+    for world, m, n, k in ((8, 2048, 1280, 8192), (8, 64, 1280, 8192), (2, 8192, 24576, 12288), (4, 1024, 2560, 8192),
+                           (8, 1024, 6144, 12288), (2, 1024, 1280, 8256)):
+        cfg = A.fused_config(tune.heuristic(m, n, k, "nk", dev, 2), m, world, dev.sms)
+        s = A.slab_count(cfg, m, n, k, world, dev, 2)
+        assert s in SLAB_CHOICES and k % (s * tune.BK) == 0, (world, m, s)
+        if (world, m) == (8, 2048) or (world, m) == (4, 1024):
+            assert s > 1, (world, m, s)
+        if m == 8192 or k == 8256:  # many waves per chunk; k = 8256 has no whole 128-column halves
+            assert s == 1, (world, m, s)
+
+
+def test_slabs_option_is_checked(fake_cuda):
+    log, _ = fake_cuda
+    for bad, k in ((3, 128), (16, 1024), (2, 64 * 3), (0, 128)):
+        with pytest.raises(ValueError, match="slabs = "):
+            A.AGGemm(OpGroup(0, 2, log), 256, 64, k, "bf16", slabs=bad)
+    op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 256, "bf16", slabs=4)
+    assert op.slabs(256) == 4
+    op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 256, "bf16")
+    assert op.slabs(256) in (1, 2, 4)  # the model's pick, a divisor of k's four 64-column blocks

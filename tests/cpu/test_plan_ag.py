@@ -28,6 +28,28 @@ BAR = 1.03  # the GEMM's end within 3 % of max(T_gemm_fused, T_gather), m >= 102
 # Points (W, shape, m) where the model misses the bar today, on its worst rank: the GEMM's end /
 # max(T_gemm_fused, T_gather). Each is explained in the comments (the wave that waits, and for what).
 BAR_MISSES: dict[tuple[int, str, int], float] = {
+    # Chunks in the op's k-slabs (ops.ag_gemm.slab_count; S noted). The own chunk holds fewer cluster
+    # tiles than a wave: wave 0 also runs tiles of the chunk landing at step 1, whose clusters start
+    # that late; slabs would gain less than SLAB_GAIN here (or lose: the early chunks' last slabs
+    # land later than their whole chunks would), so the pick keeps whole chunks (S = 1).
+    (4, "flux_ag", 1024): 1.037,
+    (8, "flux_ag", 4096): 1.039,
+    (8, "llama70b_gate_up", 2048): 1.031,
+    # One wave holds every chunk's tiles (S = 8): a unit on the last chunk starts on its first slab
+    # but its last slab lands at T_gather, so the end is about T_gather + T_unit / 8 plus the waits
+    # of the slabs before it (whole chunks: T_gather + T_unit, 1.43-2.00).
+    (4, "llama70b_qkv", 1024): 1.054,
+    (4, "llama70b_qkv", 2048): 1.068,
+    (4, "llama70b_qkv", 4096): 1.066,
+    (8, "llama70b_qkv", 1024): 1.097,
+    (8, "llama70b_qkv", 2048): 1.125,
+    (8, "llama70b_qkv", 4096): 1.100,
+    # Link-bound (T_gather > T_gemm), two waves (S = 2): a unit of wave 1 waits for step 7's slabs
+    # after waiting in wave 0 for step 2's.
+    (8, "llama70b_qkv", 8192): 1.310,
+}
+# The same with whole chunks (S = 1), as the kernel ran before k-slabs.
+WHOLE_CHUNK_MISSES: dict[tuple[int, str, int], float] = {
     # The own chunk holds fewer cluster tiles than a wave (48, 24, 48, 32, 32 of G = 66): wave 0 also
     # runs tiles of the chunk landing at step 1 (2 at W=8 m=2048); their clusters start that late,
     # and the first of them also run the partial last wave, so the delay reaches the GEMM's end.
@@ -329,7 +351,7 @@ def test_sweep_never_beats_its_parts(world, shape, m):
         assert all(math.isfinite(v) and v > 0 for v in vals), (rank, vals)
         assert p.predicted_us >= max(p.t_gemm_fused_us, p.t_gather_us), rank
         # every cluster's units run back to back at best, and the last chunk is read by some unit
-        assert p.gemm_end_us >= max(p.t_gemm_fused_us, p.t_gather_us + p.unit_us) * (1 - 1e-12), rank
+        assert p.gemm_end_us >= max(p.t_gemm_fused_us, p.t_gather_us + p.unit_us / p.slabs) * (1 - 1e-12), rank
         assert p.wait_us >= 0 and sum(p.wave_units) == p.units == p.ctiles_m * p.ctiles_n
 
 
@@ -354,6 +376,19 @@ def test_bar_misses_are_current():
     """The misses listed are the model's today, to 3 decimals (a changed model updates the list)."""
     for (world, shape, m), want in BAR_MISSES.items():
         assert _end_ratio(_worst(world, shape, m)) == pytest.approx(want, abs=5e-4), (world, shape, m)
+    for (world, shape, m), want in WHOLE_CHUNK_MISSES.items():
+        assert _slab_worst(world, shape, m, 1) == pytest.approx(want, abs=5e-4), (world, shape, m)
+
+
+def test_slabs_never_lose_to_whole_chunks():
+    """The op's pick ends no later than whole chunks on any bar point (worst rank), and takes every
+    whole-chunk miss of one-wave shapes (qkv W >= 4) to within 1.13."""
+    for world, shape, m in _points():
+        if m >= 1024:
+            assert _end_ratio(_worst(world, shape, m)) <= _slab_worst(world, shape, m, 1) + 1e-9, (world, shape, m)
+    for (world, shape, m), whole in WHOLE_CHUNK_MISSES.items():
+        if shape == "llama70b_qkv" and world >= 4 and m <= 4096:
+            assert _end_ratio(_worst(world, shape, m)) <= 1.13 < whole, (world, shape, m)
 
 
 if __name__ == "__main__":
@@ -361,7 +396,7 @@ if __name__ == "__main__":
 
 
 # --------------------------------------------------------------------------------------------
-# k-slabs (modelled ahead of the kernel: ag_order's K-slabs)
+# k-slabs (ag_order's K-slabs; the kernel runs up to 8, the model is asked here up to 16)
 
 SLAB_CHOICES = (1, 2, 4, 8, 16)
 # The best slab count of each bar miss on its worst rank, and the GEMM's end ratio with it. Slabs
@@ -397,7 +432,11 @@ def test_one_slab_is_the_whole_chunk():
     for world, shape, m in ((4, "llama70b_qkv", 1024), (8, "flux_ag", 2048)):
         n, k = SHAPES[shape]
         nl = -(-n // world // 64) * 64
-        assert plan.predict_ag(world, m, nl, k, slabs=1) == plan.predict_ag(world, m, nl, k)
+        # the default is the op's pick, and asking for it by number gives the same prediction
+        p = plan.predict_ag(world, m, nl, k)
+        assert p.slabs in ao.SLAB_CHOICES and plan.predict_ag(world, m, nl, k, slabs=p.slabs) == p
+    # qkv W = 4 m = 1024: one wave holds every chunk, so the op takes slabs
+    assert plan.predict_ag(4, 1024, 2560, 8192).slabs > 1
 
 
 def test_slab_arrivals_by_hand():
@@ -420,4 +459,4 @@ def test_k_slabs_on_the_bar_misses(point):
     ratios = {s: _slab_worst(*point, s) for s in SLAB_CHOICES}
     best = min(ratios, key=ratios.get)
     assert (best, round(ratios[best], 3)) == SLAB_BEST[point], ratios
-    assert ratios[1] == pytest.approx(BAR_MISSES[point], abs=1e-3)
+    assert ratios[1] == pytest.approx(WHOLE_CHUNK_MISSES[point], abs=1e-3)

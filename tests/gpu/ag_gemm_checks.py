@@ -160,16 +160,16 @@ class Ctx:
         self.seed += 1
         return self.seed
 
-    def op(self, direction, copy, n, k, layout="nk", max_m=None):
+    def op(self, direction, copy, n, k, layout="nk", max_m=None, slabs=None):
         from rawflux import AGGemm
 
-        key = (direction, copy, n, k, layout)
+        key = (direction, copy, n, k, layout, slabs)
         op = self.ops.get(key)
         want = max_m or self.world * 256
         if op is None or op.max_m < want:
             if op is not None:
                 op.close()
-            op = AGGemm(self.group, want, n, k, "bf16", layout, direction=direction, copy=copy)
+            op = AGGemm(self.group, want, n, k, "bf16", layout, direction=direction, copy=copy, slabs=slabs)
             self.ops[key] = op
         return op
 
@@ -202,14 +202,14 @@ def agree(comm, ok: bool, detail: str) -> tuple[bool, str]:
 # checks (each returns (ok, detail) on every rank; run on every rank together)
 
 
-def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_bias=False, tile=None):
+def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_bias=False, tile=None, slabs=None):
     cp = _cp()
     config = None
     if tile is not None:  # (bm, bn): that compiled tile without a cluster, not the model's pick
         from rawflux import tune
 
         config = tune.GemmConfig(next(t for t in tune.TILES if (t.bm, t.bn, t.cluster_size) == (*tile, 1)))
-    op = ctx.op(direction, copy, n, k, layout, ctx.world * max(m_locs))
+    op = ctx.op(direction, copy, n, k, layout, ctx.world * max(m_locs), slabs)
     problems = []
     with ctx.stream:
         for m_loc in m_locs:
@@ -237,7 +237,8 @@ def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_
                 problems.append(f"m/W={m_loc}: out differs from rawflux.gemm in {len(crows)} rows (chunks "
                                 f"{chunks_of(crows, m_loc)}), {nan} NaN, config {cfg}")
     return not problems, "; ".join(problems[:3]) or (f"m/W in {list(m_locs)}, n={n} k={k} {layout}{' +bias' if with_bias else ''}"
-                                                     f"{' tile ' + config.tile.tag() if config else ''}")
+                                                     f"{' tile ' + config.tile.tag() if config else ''}"
+                                                     f"{f' {slabs} k-slabs' if slabs else ''}")
 
 
 def check_accuracy(ctx: Ctx, layout="nk", m_loc=256, n=512, k=2048):
@@ -309,7 +310,9 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
 
     cp = _cp()
     rng = np.random.default_rng(ctx.next_seed())  # same sequence on every rank
-    ops = [ctx.op(d, c, n, k, "nk", ctx.world * max_m_loc) for d, c in ctx.modes]
+    # every path with whole chunks and with 2 and 4 k-slabs (k = 256: four 64-column blocks)
+    kinds = [(d, c, sl) for d, c in ctx.modes for sl in ((1, 2, 4) if ctx.world > 1 else (1,))]
+    ops = [ctx.op(d, c, n, k, "nk", ctx.world * max_m_loc, sl) for d, c, sl in kinds]
     bad_out = cp.zeros(calls, dtype=cp.int32)
     bad_gath = cp.zeros(calls, dtype=cp.int32)
     out = cp.empty((ctx.world * max_m_loc, n), dtype=bf16_dtype())
@@ -318,7 +321,7 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
         b = weight(ctx.next_seed(), ctx.rank, n, k, "nk")
         t0 = time.perf_counter()
         for i in range(calls):
-            mode = int(rng.integers(len(ctx.modes)))
+            mode = int(rng.integers(len(kinds)))
             m_loc = int(rng.integers(1, max_m_loc + 1))
             seed = ctx.next_seed()
             m = m_loc * ctx.world
@@ -343,16 +346,17 @@ def check_random_calls(ctx: Ctx, calls=1000, n=128, k=256, max_m_loc=192):
     detail = ""
     if bad:
         i = bad[0]
-        d, c = ctx.modes[modes_used[i]]
-        detail = (f"{len(bad)} bad calls; first: call {i} ({d}/{c}, m/W={m_used[i]}): {bo[i]} out elements, "
+        d, c, sl = kinds[modes_used[i]]
+        detail = (f"{len(bad)} bad calls; first: call {i} ({d}/{c}, {sl} slabs, m/W={m_used[i]}): {bo[i]} out elements, "
                   f"{bg[i]} gathered elements differ")
     paths = ", ".join(f"{d}/{c}" for d, c in ctx.modes)
-    return not bad, detail or f"{calls} calls over {len(ctx.modes)} paths ({paths}), m/W 1..{max_m_loc}, all checked, {dt:.1f} s"
+    return not bad, detail or (f"{calls} calls over {len(ctx.modes)} paths ({paths}) x k-slabs {sorted({x[2] for x in kinds})}, "
+                               f"m/W 1..{max_m_loc}, all checked, {dt:.1f} s")
 
 
-def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512):
+def check_graph(ctx: Ctx, direction, copy, replays=100, m_loc=192, n=256, k=512, slabs=None):
     cp = _cp()
-    op = ctx.op(direction, copy, n, k, "nk", ctx.world * m_loc)
+    op = ctx.op(direction, copy, n, k, "nk", ctx.world * m_loc, slabs)
     m = m_loc * ctx.world
     seed0 = ctx.next_seed()
     a_in = shard(seed0, ctx.rank, m_loc, k)
@@ -674,12 +678,21 @@ def checks(ctx: Ctx):
         out.append((f"bitwise[{tag},odd_m]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", ODD_M_LOCAL)))
         # 128x96: 48 columns per warpgroup, stored from registers; ragged n
         out.append((f"bitwise[{tag},tile128x96]", lambda x, d=d, c=c: check_bitwise(x, d, c, "nk", (65, 128), n=232, tile=(128, 96))))
+        if ctx.world > 1:  # k-slabs: 2 and 8 of k = 1024 (8 and 2 k blocks each), a ragged m, a clustered and a 64-row tile
+            for sl in (2, 8):
+                out.append((f"bitwise[{tag},slabs{sl}]",
+                            lambda x, d=d, c=c, sl=sl: check_bitwise(x, d, c, "nk", (256, 64, 7, 300), k=1024, slabs=sl)))
+            out.append((f"bitwise[{tag},slabs4,tile64x128]",
+                        lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (100, 33), n=200, k=1024, with_bias=True, tile=(64, 128),
+                                                          slabs=4)))
     out.append(("accuracy", check_accuracy))
     if ctx.world > 1:
         out.append(("gathered_nccl", check_gathered_nccl))
     out.append(("random_calls", lambda x: check_random_calls(x, 200 if quick else 1000)))
     for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
         out.append((f"graph[{d}/{c}]", lambda x, d=d, c=c: check_graph(x, d, c, 20 if quick else 100)))
+        if ctx.world > 1:
+            out.append((f"graph[{d}/{c},slabs4]", lambda x, d=d, c=c: check_graph(x, d, c, 20 if quick else 100, slabs=4)))
     for d, c in (ctx.modes if ctx.world > 1 else ctx.modes[:1]):
         out.append((f"torch_stream[{d}/{c}]", lambda x, d=d, c=c: check_torch_stream(x, d, c)))
     out.append(("timing", check_timing))

@@ -4,15 +4,19 @@
 //                 [m0, m0 + rows) of a tile, it waits (bounded, ld.acquire.sys) for the ready flag
 //                 of every chunk those rows touch. Chunk q = rows [q * m_local, (q + 1) * m_local)
 //                 of the gathered A, i.e. rank q's shard; the own chunk is in place before the
-//                 GEMM starts (stream order), so it is never waited for.
+//                 GEMM starts (stream order), so it is never waited for. With k-slabs (S > 1) a
+//                 chunk travels as S column slabs of k / S, each with its own flag, and the
+//                 producer waits for slab j only before the tile's first k block of slab j, so a
+//                 tile starts on the first slab while the rest is in flight.
 //   ag_local_*    starts a call: advances the op's epoch, pushes this rank's call record into
 //                 every peer, copies this rank's shard into its own rows of the gathered buffer
 //                 and announces the call to the peers (arrive); on the copy-engine path its last
 //                 CTA then waits for every peer's arrival (the copies that follow need it).
 //   ag_copy_*     the SM copy path: a bounded grid of CTAs pushes this rank's shard into every
 //                 peer's gathered buffer (or pulls every peer's shard into its own), chunk after
-//                 chunk in rotated order, each chunk once its peer has arrived, and sets the
-//                 chunk's ready flag after it; its last CTA compares the peers' call records.
+//                 chunk in rotated order (slab-major with k-slabs: slab 0 of every chunk first),
+//                 each once its peer has arrived, and sets the (chunk, slab) ready flag after
+//                 it; its last CTA compares the peers' call records.
 //   ag_check_*    the copy-engine path's record comparison (a side stream, off the GEMM's path).
 //
 // No barrier: a peer's arrival at call e says its GEMM of call e - 1 has ended (stream order), so
@@ -21,9 +25,9 @@
 // protocol on an interleaving model). Pull adds a group barrier before the call (a peer may still
 // be reading this rank's own rows of e - 1) and announces the call after its own rows are in place.
 //
-// Flags hold the op's epoch e (calls of this op object, counted on the device): ready[q] = the
-// last call whose chunk q landed in this rank's gathered buffer, arrive[q] = the last call rank q
-// started. Epochs only grow, so flags are never reset, and a stale flag (< e) never satisfies a
+// Flags hold the op's epoch e (calls of this op object, counted on the device): ready[q][j] = the
+// last call whose slab j of chunk q landed in this rank's gathered buffer (j = 0: the whole chunk
+// without slabs), arrive[q] = the last call rank q started. Epochs only grow, so flags are never reset, and a stale flag (< e) never satisfies a
 // wait. The copy engine sets a flag by copying the epoch word after the data on the same stream.
 #pragma once
 
@@ -36,17 +40,24 @@
 
 namespace rawflux {
 
+enum : int { kAgMaxSlabs = 8 };  // k-slabs per chunk at most
+
 // The op's sync buffer (symmetric, one per rank; rawflux/ops/ag_gemm.py mirrors the offsets).
 enum : u32 {
   kAgEpochOffset = 0,      // u32: calls of the op on this rank (local; ag_local_kernel advances it)
   kAgLocalDoneOffset = 64, // u32: ag_local_kernel's CTAs done (local; zero between launches)
   kAgArriveOffset = 128,   // u32 arrive[kMaxWorld]: the last call rank q started (written by q)
-  kAgReadyOffset = kAgArriveOffset + 4 * kMaxWorld,     // u32 ready[kMaxWorld]
-  kAgRecordsOffset = kAgReadyOffset + 4 * kMaxWorld,    // call records, slot (parity, source)
+  kAgReadyOffset = kAgArriveOffset + 4 * kMaxWorld,     // u32 ready[kMaxWorld][kAgMaxSlabs]
+  kAgRecordsOffset = kAgReadyOffset + 4 * kMaxWorld * kAgMaxSlabs,  // call records, slot (parity, source)
   kAgSyncBytes = kAgRecordsOffset + 2 * kMaxWorld * kMetaSlotBytes,
 };
 
+// ag_copy_kernel's counters (u32, zero between launches): [0] the next part to claim, [1 + c]
+// parts done of claim block c = (slab, step), [kAgCopyExits] CTAs done claiming.
+enum : int { kAgCopyExits = 1 + kMaxWorld * kAgMaxSlabs, kAgCopyCounters = kAgCopyExits + 1 };
+
 RAWFLUX_DEVICE u32* ag_word(u64 sync, u32 offset) { return reinterpret_cast<u32*>(sync + offset); }
+RAWFLUX_DEVICE constexpr u32 ag_ready_index(i32 chunk, i32 slab) { return (u32)chunk * kAgMaxSlabs + (u32)slab; }
 RAWFLUX_DEVICE u32* ag_record(u64 sync, u32 parity, i32 src) {
   return ag_word(sync, kAgRecordsOffset + (parity * kMaxWorld + (u32)src) * kMetaSlotBytes);
 }
@@ -63,21 +74,22 @@ RAWFLUX_DEVICE void ag_chunk_span(i32 m0, i32 rows, i32 m_local, i32& first, i32
 struct AgWait {
   struct Params {
     u64 group_ctrl;  // const GroupCtrl* of this rank (timeout, status record, abort word)
-    u64 ready;       // u32 ready[world] of this rank's sync buffer: chunk q landed in the gathered buffer
+    u64 ready;       // u32 ready[kMaxWorld][kAgMaxSlabs] of this rank's sync buffer (ag_ready_index)
     u64 epoch;       // const u32*: the op's epoch word (this call's number once ag_local_kernel ran)
     i32 m_local;     // rows per chunk (m / world)
     i32 rank;
     i32 world;
-    i32 pad;
+    i32 slab_kb;     // k blocks per k-slab; 0: whole chunks (one flag each)
   };
 
   // The proxy fence below orders the producer's TMA loads only: a consumer's would need its own.
   static constexpr bool kConsumerRefill = false;
+  static constexpr bool kSlabWait = true;  // k-slabs: wait_slab before each slab's first block
 
-  // Producer thread, before the TMA loads of A rows [m0, m0 + rows). On a failed wait the record
+  // Slab `slab` of every peer chunk that rows [m0, m0 + rows) touch. On a failed wait the record
   // is written (and the group aborted, so later waits return at once); the tile then reads
   // whatever is there and the host raises at the next raise_if_failed / synchronize.
-  static RAWFLUX_DEVICE void wait(const Params& pp, const GemmParams&, i32, i32 m0, i32 rows) {
+  static RAWFLUX_DEVICE void wait_slab(const Params& pp, i32 m0, i32 rows, i32 slab) {
     if (rows <= 0) return;
     i32 first, last;
     ag_chunk_span(m0, rows, pp.m_local, first, last);
@@ -86,18 +98,23 @@ struct AgWait {
     for (i32 q = first; q <= last; ++q) {
       if (q == pp.rank) continue;
       waited = true;
-      // acquire (sys), bounded: the chunk's bytes, written by the copy engine or peer SMs before
+      // acquire (sys), bounded: the slab's bytes, written by the copy engine or peer SMs before
       // the flag, are visible once it holds this call's epoch (ag_local_kernel wrote the epoch
       // earlier in stream order). Five quarters of the group's timeout: a rank that never made
       // the call is then named by a copy's arrival wait, not by a chunk a waiting peer holds back.
       const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
-      wait_flag_geq_lean(reinterpret_cast<const u32*>(pp.ready) + q, epoch, reinterpret_cast<const GroupCtrl*>(pp.group_ctrl),
-                         kOpAgGemm, q, q, 5);
+      wait_flag_geq_lean(reinterpret_cast<const u32*>(pp.ready) + ag_ready_index(q, slab), epoch,
+                         reinterpret_cast<const GroupCtrl*>(pp.group_ctrl), kOpAgGemm, q, q, 5);
     }
     // proxy fence: the TMA loads that follow (async proxy) must see the rows acquired above,
     // which reached memory through the generic proxy (peer SM stores / copy engine)
     if (waited) fence_proxy_async_global();
   }
+
+  // Nothing per unit: wait_slab waits, for slab 0 (the whole chunk without slabs) and each next.
+  static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
+
+  static RAWFLUX_DEVICE i32 slab_blocks(const Params& pp) { return pp.slab_kb; }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -149,22 +166,29 @@ RAWFLUX_DEVICE void copy_flat(u8* dst, const u8* src, i64 vecs, i32 part, i32 pa
   for (; i < vecs; i += stride) st_v4(dst + i * 16, kSrcReadOnly ? ld_nc_v4(src + i * 16) : ld_v4(src + i * 16));
 }
 
-// A (rows x row_vecs) block of 16-byte vectors, source rows src_pitch bytes apart, destination
-// rows packed. Contiguous sources take the flat path; a pitched source goes row by row (CTAs
-// over rows, threads over the row).
+// A (rows x row_vecs) block of 16-byte vectors, rows src_pitch / dst_pitch bytes apart. Packed
+// blocks take the flat path; a pitched one (a strided shard, a k-slab) is walked as one flat index
+// over its vectors too, so that narrow rows keep every thread busy (u32: a block holds < 2^32 vectors).
 template <bool kSrcReadOnly>
-RAWFLUX_DEVICE void copy_rows(u8* dst, const u8* src, i64 src_pitch, i32 rows, i32 row_vecs, i32 part, i32 parts) {
+RAWFLUX_DEVICE void copy_rows(u8* dst, i64 dst_pitch, const u8* src, i64 src_pitch, i32 rows, i32 row_vecs, i32 part, i32 parts) {
   const i64 row_bytes = (i64)row_vecs * 16;
-  if (src_pitch == row_bytes) {
+  if (src_pitch == row_bytes && dst_pitch == row_bytes) {
     copy_flat<kSrcReadOnly>(dst, src, (i64)rows * row_vecs, part, parts);
     return;
   }
-  for (i32 r = part; r < rows; r += parts) {
-    const u8* s = src + (i64)r * src_pitch;
-    u8* d = dst + (i64)r * row_bytes;
-    for (i32 c = threadIdx.x; c < row_vecs; c += blockDim.x)
-      st_v4(d + (i64)c * 16, kSrcReadOnly ? ld_nc_v4(s + (i64)c * 16) : ld_v4(s + (i64)c * 16));
+  const u32 vecs = (u32)rows * (u32)row_vecs, cols = (u32)row_vecs;
+  const u32 stride = (u32)parts * blockDim.x;
+  auto src_at = [&](u32 i) { const u32 r = i / cols; return src + (i64)r * src_pitch + (i64)(i - r * cols) * 16; };
+  auto dst_at = [&](u32 i) { const u32 r = i / cols; return dst + (i64)r * dst_pitch + (i64)(i - r * cols) * 16; };
+  u32 i = (u32)part * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < vecs; i += kUnroll * stride) {
+    V4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = kSrcReadOnly ? ld_nc_v4(src_at(i + u * stride)) : ld_v4(src_at(i + u * stride));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) st_v4(dst_at(i + u * stride), v[u]);
   }
+  for (; i < vecs; i += stride) st_v4(dst_at(i), kSrcReadOnly ? ld_nc_v4(src_at(i)) : ld_v4(src_at(i)));
 }
 
 }  // namespace ag
@@ -214,8 +238,8 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
     for (i32 q = 0; q < world; ++q) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
     if (!(a.flags & kAgArriveLate)) ag_arrive(a, rank, world, e);
   }
-  ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs,
-                      blockIdx.x, gridDim.x);
+  ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), (i64)a.row_vecs * 16, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local,
+                      a.row_vecs, blockIdx.x, gridDim.x);
   if (a.flags == 0) return;
   __syncthreads();  // joins the CTA: every thread's rows precede thread 0's fence
   if (threadIdx.x != 0) return;
@@ -257,11 +281,16 @@ RAWFLUX_DEVICE void ag_check_records(const GroupCtrl* g, u64 sync, u32 e) {
 // dependent: it starts only once every copy CTA is running (griddep_launch_dependents below).
 // Leaving SMs free was not enough where processes share a GPU (MPS, the emulated node,
 // 2026-11-29): a copy kernel on a side stream got no SM at all while the GEMMs spun. Also, no CTA
-// owns a fixed share: each chunk is cut into kPartsPerCta * gridDim.x parts, CTAs claim parts in
-// chunk order from one counter, and whoever finishes a chunk's last part sets its flag.
+// owns a fixed share: each (slab, chunk) block is cut into parts, CTAs claim parts in block order
+// (slab-major: slab 0 of every chunk, then slab 1, ...) from one counter, and whoever finishes a
+// block's last part sets its flag.
 
 enum : int { kAgPush = 0, kAgPull = 1 };
 enum : int { kPartsPerCta = 4 };  // parts per chunk = kPartsPerCta x CTAs: claims balance the load
+
+// Parts per (slab, chunk) block: kPartsPerCta x CTAs per chunk, spread over its slabs, and at
+// least one per CTA.
+RAWFLUX_DEVICE i32 ag_block_parts(i32 ctas, i32 slabs) { return max(ctas, kPartsPerCta * ctas / slabs); }
 
 struct AgCopyArgs {
   u64 group_ctrl;   // const GroupCtrl*
@@ -269,13 +298,12 @@ struct AgCopyArgs {
   u64 gath_peers;   // u64[world]: every rank's gathered buffer as mapped here
   u64 sync;         // this rank's sync buffer (epoch, arrivals, records)
   u64 sync_peers;   // u64[world]: every rank's sync buffer as mapped here (ready flags)
-  u64 counters;     // u32[kMaxWorld + 1], zero between launches: [0] next part to claim,
-                    // [step] parts of step's chunk done, [kMaxWorld] CTAs done claiming
+  u64 counters;     // u32[kAgCopyCounters], zero between launches
   i64 src_pitch;    // push: bytes between rows of src
   i32 m_local;
   i32 row_vecs;
   i32 mode;         // kAgPush / kAgPull
-  i32 pad;
+  i32 slabs;        // k-slabs per chunk (1: whole chunks); divides row_vecs
 };
 
 RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
@@ -285,13 +313,15 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
   const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
   u32* counters = reinterpret_cast<u32*>(a.counters);
   u32* next_part = counters;
-  u32* exits = counters + kMaxWorld;
-  const i64 chunk_bytes = (i64)a.m_local * a.row_vecs * 16;
-  const i32 parts = kPartsPerCta * (i32)gridDim.x;
-  const i32 total = (world - 1) * parts;
+  u32* exits = counters + kAgCopyExits;
+  const i64 row_bytes = (i64)a.row_vecs * 16;
+  const i64 chunk_bytes = (i64)a.m_local * row_bytes;
+  const i32 slab_vecs = a.row_vecs / a.slabs;
+  const i32 parts = ag_block_parts((i32)gridDim.x, a.slabs);
+  const i32 total = a.slabs * (world - 1) * parts;
   __shared__ u32 s_epoch;
   __shared__ i32 s_claim;
-  __shared__ i32 s_gated;  // the step whose peer this CTA saw arrive (0: none yet)
+  __shared__ i32 s_gated;  // the step whose peer this CTA saw arrive last (0: none yet)
   __shared__ u32 s_go;     // that peer arrived (its wait did not fail)
   // this CTA is resident: once all are, the GEMM (this kernel's programmatic dependent) may start
   griddep_launch_dependents();
@@ -303,7 +333,7 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
     if (threadIdx.x == 0) {
       const i32 claim = (i32)atomicAdd(next_part, 1u);
       s_claim = claim;
-      const i32 step = 1 + claim / parts;
+      const i32 step = 1 + (claim / parts) % (world - 1);
       if (claim < total && step != s_gated) {
         // Push writes into rank - step's gathered buffer: that peer's GEMM of the previous call
         // must have ended; pull reads rank + step's own rows: they must be in place.
@@ -320,34 +350,37 @@ RAWFLUX_DEVICE void ag_copy_body(const AgCopyArgs& a) {
     const bool go = s_go != 0u;
     __syncthreads();  // every thread has read s_claim before thread 0 claims again
     if (claim >= total) break;
-    const i32 step = 1 + claim / parts, part = claim % parts;
+    const i32 block = claim / parts, part = claim % parts;  // block = slab x (world - 1) + step - 1
+    const i32 slab = block / (world - 1), step = 1 + block % (world - 1);
+    const i64 col = (i64)slab * slab_vecs * 16;  // the slab's first byte within a row
     u32* flag;
     if (a.mode == kAgPush) {
       // Step s writes to rank - s: a permutation of the ranks, so no two ranks write one peer at
       // once, and every rank receives chunk rank + 1 first (the GEMM visits rank, rank + 1, ...).
       const i32 q = (rank - step + world) % world;
-      u8* dst = reinterpret_cast<u8*>(gath[q]) + (i64)rank * chunk_bytes;
-      flag = ag_word(sync_peers[q], kAgReadyOffset) + rank;
-      if (go) ag::copy_rows<true>(dst, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local, a.row_vecs, part, parts);
+      u8* dst = reinterpret_cast<u8*>(gath[q]) + (i64)rank * chunk_bytes + col;
+      flag = ag_word(sync_peers[q], kAgReadyOffset) + ag_ready_index(rank, slab);
+      if (go)
+        ag::copy_rows<true>(dst, row_bytes, reinterpret_cast<const u8*>(a.src) + col, a.src_pitch, a.m_local, slab_vecs, part, parts);
     } else {
       // Step s reads from rank + s (a permutation too): chunk rank + 1 lands first.
       const i32 q = (rank + step) % world;
-      u8* dst = reinterpret_cast<u8*>(gath[rank]) + (i64)q * chunk_bytes;
-      const u8* src = reinterpret_cast<const u8*>(gath[q]) + (i64)q * chunk_bytes;
-      flag = ag_word(a.sync, kAgReadyOffset) + q;
-      if (go) ag::copy_rows<false>(dst, src, (i64)a.row_vecs * 16, a.m_local, a.row_vecs, part, parts);
+      u8* dst = reinterpret_cast<u8*>(gath[rank]) + (i64)q * chunk_bytes + col;
+      const u8* src = reinterpret_cast<const u8*>(gath[q]) + (i64)q * chunk_bytes + col;
+      flag = ag_word(a.sync, kAgReadyOffset) + ag_ready_index(q, slab);
+      if (go) ag::copy_rows<false>(dst, row_bytes, src, row_bytes, a.m_local, slab_vecs, part, parts);
     }
     __syncthreads();  // joins the CTA: every thread's stores of this part precede thread 0's fence
     if (threadIdx.x == 0) {
-      // fence (sys) + count = release: this part of the chunk is visible (to the peer that will
+      // fence (sys) + count = release: this part of the block is visible (to the peer that will
       // read it) before it is counted
       fence_acq_rel_sys();
-      const u32 done = atomicAdd(counters + step, 1u);
-      if (done == (u32)parts - 1) {
-        counters[step] = 0;  // every part of this chunk is counted: zero for the next launch
+      u32* done = counters + 1 + block;
+      if (atomicAdd(done, 1u) == (u32)parts - 1) {
+        *done = 0;  // every part of this block is counted: zero for the next launch
         // fence (sys) = acquire of the other CTAs' counted parts before the flag is released
         fence_acq_rel_sys();
-        // release (sys): the whole chunk is visible before the reader's acquire of the flag (a
+        // release (sys): the whole block is visible before the reader's acquire of the flag (a
         // peer that never arrived gets no flag: the group is aborted and its waits give up)
         if (go) st_release_sys_u32(flag, epoch);
       }

@@ -102,6 +102,11 @@ struct GemmCfg {
   static constexpr int kThreads = 128 * (1 + kConsumers_);
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = kConsumers_ == 2 ? 232 : 240;
+  // With a prologue that waits between k blocks (Prologue::kSlabWait: AG-GEMM's k-slabs) the
+  // producer holds its k loop's state across the waits: 16 registers more for it, taken from two
+  // consumer warpgroups (8 each), which still fit.
+  static constexpr int kProducerRegsSlab = 56;
+  static constexpr int kConsumerRegsSlab = kConsumers_ == 2 ? 224 : 240;
 
   static constexpr int kElem = 2;                         // input bytes per element
   static constexpr int kRowBytes = kBK * kElem;           // one 128-byte swizzle row

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   if (wg == 0) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    ptx::setmaxnreg_dec<Prologue::kSlabWait ? Cfg::kProducerRegsSlab : Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       produce<Cfg, SchedT, Prologue, Epilogue>(smem_raw, tmap_a, tmap_b, tmap_a_tail, p, pro, epi);
     } else if (threadIdx.x >= 32) {
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     __syncwarp();
   } else {
     // ---------------------------------------------------------------- consumers
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    ptx::setmaxnreg_inc<Prologue::kSlabWait ? Cfg::kConsumerRegsSlab : Cfg::kConsumerRegs>();
     constexpr bool kRefill = Cfg::kRefill;
     constexpr bool kPairM = Cfg::kClusterM == 2 && Cfg::kClusterN == 1;
     constexpr u32 kReleasers = 4 * Cfg::kConsumers * Cfg::kMcastSize;

@@ -11,6 +11,11 @@
 //     // true: consumer warps may load a unit's later k blocks (Cfg::kRefill), so wait must order
 //     // every thread's later loads of those rows, not only the producer's
 //     static constexpr bool kConsumerRefill;
+//     // true: A's k blocks arrive in slabs of slab_blocks() blocks (0: one slab); the producer
+//     // calls wait_slab before the first block it loads of each slab (after wait)
+//     static constexpr bool kSlabWait;
+//     static __device__ i32 slab_blocks(const Params&);
+//     static __device__ void wait_slab(const Params&, i32 m0, i32 rows, i32 slab);
 //   };
 // Epilogue contract:
 //   struct E {
@@ -50,7 +55,10 @@ struct NoWait {
     i32 unused;
   };
   static constexpr bool kConsumerRefill = true;  // nothing to order
+  static constexpr bool kSlabWait = false;
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
+  static RAWFLUX_DEVICE i32 slab_blocks(const Params&) { return 0; }
+  static RAWFLUX_DEVICE void wait_slab(const Params&, i32, i32, i32) {}
 };
 
 }  // namespace rawflux

@@ -1,9 +1,10 @@
-// The producer role of the GEMM engine: one thread of warpgroup 0 (40 registers) walks the CTA's
-// work units and fills the stage ring. Per unit it runs the prologue's wait (the fused
-// AllGather's chunk flags), then per k block waits for a free stage, arms its full barrier with
-// the stage's byte count and issues the TMA loads of A and B (multicast to the cluster peer for
-// the shared operand). With the consumer refill (Cfg::kRefill) it loads only each unit's first
-// kStages k blocks and waits on the stages' release counts instead of their empty barriers.
+// The producer role of the GEMM engine: one thread of warpgroup 0 (40 registers; 56 under a
+// k-slab prologue) walks the CTA's work units and fills the stage ring. Per unit it runs the
+// prologue's wait (the fused AllGather's chunk flags; with k-slabs, before each slab's first
+// block), then per k block waits for a free stage, arms its full barrier with the stage's byte
+// count and issues the TMA loads of A and B (multicast to the cluster peer for the shared
+// operand). With the consumer refill (Cfg::kRefill) it loads only each unit's first kStages k
+// blocks and waits on the stages' release counts instead of their empty barriers.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/gemm/load.cuh"
@@ -45,13 +46,14 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
   // (a cluster's idle CTA: its rows are all zero-filled, a_tail_rows >= 8 of them instead of a
   // box). The rows a box leaves hold stale data; their results are never stored. A compile-time
   // mode, one loop each: choosing the map inside the loop cost the producer (40 registers) a spill.
-  auto k_loop = [&](auto mode) {
+  // k blocks [kb_first, kb_last) of the unit: all of them, or one k-slab's (Prologue::kSlabWait).
+  auto k_loop = [&](auto mode, i32 kb_first, i32 kb_last) {
     constexpr int kAMode = decltype(mode)::value;
     const i32 m0 = (SchedT::kOwnerRows ? SchedT::a_row(p, w.tile_m) : w.tile_m * Cfg::kBM) + a_slice;
     const u32 tx = stage_tx<Cfg, kAMode>(p);
     // kRefill: the unit's first kStages blocks; the consumers load the rest.
-    const i32 kb_stop = kRefill ? min(w.kb_end, w.kb_begin + kStages) : w.kb_end;
-    for (i32 kb = w.kb_begin; kb < kb_stop; ++kb) {
+    const i32 kb_stop = kRefill ? min(kb_last, kb_first + kStages) : kb_last;
+    for (i32 kb = kb_first; kb < kb_stop; ++kb) {
       if constexpr (kRefill) {
         // every consumer warp released the stage's previous use (round - 1); a count, not a
         // parity: the producer skips the blocks the consumers load and may be rounds ahead
@@ -68,7 +70,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       }
     }
     if constexpr (kRefill) {  // past the blocks the consumers load
-      const u32 skip = (u32)max(0, w.kb_end - kb_stop);
+      const u32 skip = (u32)max(0, kb_last - kb_stop);
       stage += skip % kStages;
       round += skip / kStages;
       if (stage >= kStages) {
@@ -85,10 +87,25 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
                       (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
     Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
-    if (tail) {
-      k_loop(Int<kALoadTail>{});
+    auto blocks = [&](i32 kb_first, i32 kb_last) {
+      if (tail) {
+        k_loop(Int<kALoadTail>{}, kb_first, kb_last);
+      } else {
+        k_loop(Int<kALoadFull>{}, kb_first, kb_last);
+      }
+    };
+    if constexpr (Prologue::kSlabWait) {
+      // k-slabs: the unit's blocks slab by slab, each after its slab's wait (between the k loops,
+      // where no more is live than across the wait above: inside the loop it costs spills)
+      const i32 slab_kb = Prologue::slab_blocks(pro);
+      for (i32 kb = w.kb_begin; kb < w.kb_end;) {
+        const i32 kb_next = slab_kb > 0 ? min(w.kb_end, (kb / slab_kb + 1) * slab_kb) : w.kb_end;
+        Prologue::wait_slab(pro, m0, max(0, min(Cfg::kBoxARows, p.m - m0)), slab_kb > 0 ? kb / slab_kb : 0);
+        blocks(kb, kb_next);
+        kb = kb_next;
+      }
     } else {
-      k_loop(Int<kALoadFull>{});
+      blocks(w.kb_begin, w.kb_end);
     }
     if constexpr (Epilogue::kExtraBlocks) {
       // The epilogue's own blocks after the tile's k blocks (GEMM-RS: an own tile's partials from

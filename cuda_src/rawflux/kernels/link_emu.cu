@@ -1,7 +1,8 @@
 // The link emulator (rawflux/bench/ag_local.py): on one GPU, the fused AllGather-GEMM's peers are
-// replaced by a single thread that releases each chunk's ready flag at the time a link of a given
-// bandwidth would have delivered the chunk. The chunks' bytes are in place before the call, so the
-// GEMM waits exactly as long as a real link would make it wait, without the link's traffic.
+// replaced by a single thread that releases each ready flag (a chunk's, or a k-slab's of a chunk)
+// at the time a link of a given bandwidth would have delivered its bytes. The bytes are in place
+// before the call, so the GEMM waits as long as a real link would make it wait, without the
+// link's traffic.
 //
 // Launched on the GEMM's stream just before it, with the GEMM as its programmatic dependent: the
 // GEMM starts once this one CTA runs, so the waits never spin on a producer that is not resident.
@@ -10,10 +11,10 @@
 namespace rawflux {
 
 struct LinkEmuArgs {
-  u64 ready;      // u32 ready[world]: the flags AgWait acquires (fused/ag_gemm.cuh)
+  u64 ready;      // u32 ready[kMaxWorld][kAgMaxSlabs]: the flags AgWait acquires (fused/ag_gemm.cuh)
   u64 epoch;      // const u32*: this call's epoch, written by a kernel earlier on the stream
   u64 due_ns;     // const u64[count]: when flag i is released, ns after this kernel starts
-  u64 chunk;      // const i32[count]: the chunk whose flag is released i-th
+  u64 flag;       // const i32[count]: the index into ready (ag_ready_index) released i-th
   i32 count;
   i32 pad;
 };
@@ -25,14 +26,14 @@ __global__ void __launch_bounds__(32) link_emu_kernel(const LinkEmuArgs a) {
   const u64 t0 = globaltimer_ns();
   const u32 epoch = *reinterpret_cast<const volatile u32*>(a.epoch);
   const u64* due = reinterpret_cast<const u64*>(a.due_ns);
-  const i32* chunk = reinterpret_cast<const i32*>(a.chunk);
+  const i32* flag = reinterpret_cast<const i32*>(a.flag);
   u32* ready = reinterpret_cast<u32*>(a.ready);
   for (i32 i = 0; i < a.count; ++i) {
     while (globaltimer_ns() - t0 < due[i]) {
     }
-    // release (sys): orders nothing of this kernel's (the chunk was in place before the call);
-    // the GEMM's acquire of it is the one a real chunk's flag would meet
-    st_release_sys_u32(ready + chunk[i], epoch);
+    // release (sys): orders nothing of this kernel's (the bytes were in place before the call);
+    // the GEMM's acquire of it is the one a real flag would meet
+    st_release_sys_u32(ready + flag[i], epoch);
   }
 }
 
