@@ -56,6 +56,8 @@ enum : u32 {
 // parts done of claim block c = (slab, step), [kAgCopyExits] CTAs done claiming.
 enum : int { kAgCopyExits = 1 + kMaxWorld * kAgMaxSlabs, kAgCopyCounters = kAgCopyExits + 1 };
 
+static_assert(kAgReadyOffset % 32 == 0 && kAgMaxSlabs == 8, "AgWait reads a chunk's 8 slab flags as two aligned 16-byte loads");
+
 RAWFLUX_DEVICE u32* ag_word(u64 sync, u32 offset) { return reinterpret_cast<u32*>(sync + offset); }
 RAWFLUX_DEVICE constexpr u32 ag_ready_index(i32 chunk, i32 slab) { return (u32)chunk * kAgMaxSlabs + (u32)slab; }
 RAWFLUX_DEVICE u32* ag_record(u64 sync, u32 parity, i32 src) {
@@ -84,37 +86,55 @@ struct AgWait {
 
   // The proxy fence below orders the producer's TMA loads only: a consumer's would need its own.
   static constexpr bool kConsumerRefill = false;
-  static constexpr bool kSlabWait = true;  // k-slabs: wait_slab before each slab's first block
+  static constexpr bool kSlabWait = true;  // k-slabs: wait_slabs before each run of landed slabs
 
-  // Slab `slab` of every peer chunk that rows [m0, m0 + rows) touch. On a failed wait the record
-  // is written (and the group aborted, so later waits return at once); the tile then reads
-  // whatever is there and the host raises at the next raise_if_failed / synchronize.
-  static RAWFLUX_DEVICE void wait_slab(const Params& pp, i32 m0, i32 rows, i32 slab) {
-    if (rows <= 0) return;
+  // Producer thread, before the TMA loads of k block kb (of kb_end) of A rows [m0, m0 + rows):
+  // waits (bounded) for kb's slab of every peer chunk those rows touch (slab 0, the whole chunk,
+  // without slabs), then looks ahead: returns the first block of the first later slab not yet
+  // landed in every one of them (kb_end if all have), so one wait and one fence cover every slab
+  // already there. On a failed wait the record is written (and the group aborted, so later waits
+  // return at once); the tile then reads whatever is there and the host raises at the next
+  // raise_if_failed / synchronize.
+  static RAWFLUX_DEVICE i32 wait_slabs(const Params& pp, i32 m0, i32 rows, i32 kb, i32 kb_end) {
+    if (rows <= 0) return kb_end;
+    const i32 slab = pp.slab_kb > 0 ? kb / pp.slab_kb : 0;
     i32 first, last;
     ag_chunk_span(m0, rows, pp.m_local, first, last);
     if (last >= pp.world) last = pp.world - 1;
+    // this call's epoch (ag_local_kernel wrote it earlier in stream order)
+    const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
+    const u32* ready = reinterpret_cast<const u32*>(pp.ready);
+    i32 end = pp.slab_kb > 0 ? kb_end : 0;  // the lookahead's bound (no lookahead without slabs)
     bool waited = false;
     for (i32 q = first; q <= last; ++q) {
       if (q == pp.rank) continue;
       waited = true;
       // acquire (sys), bounded: the slab's bytes, written by the copy engine or peer SMs before
-      // the flag, are visible once it holds this call's epoch (ag_local_kernel wrote the epoch
-      // earlier in stream order). Five quarters of the group's timeout: a rank that never made
-      // the call is then named by a copy's arrival wait, not by a chunk a waiting peer holds back.
-      const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
-      wait_flag_geq_lean(reinterpret_cast<const u32*>(pp.ready) + ag_ready_index(q, slab), epoch,
-                         reinterpret_cast<const GroupCtrl*>(pp.group_ctrl), kOpAgGemm, q, q, 5);
+      // the flag, are visible once it holds this call's epoch. Five quarters of the group's
+      // timeout: a rank that never made the call is then named by a copy's arrival wait, not by
+      // a chunk a waiting peer holds back.
+      wait_flag_geq_lean(ready + ag_ready_index(q, slab), epoch, reinterpret_cast<const GroupCtrl*>(pp.group_ctrl), kOpAgGemm, q,
+                         q, 5);
+      if ((slab + 1) * pp.slab_kb >= end) continue;
+      // acquire (sys): every slab flag of chunk q in two loads (ready[q] is 32-byte aligned); a
+      // later slab seen landed is visible as its own wait would make it
+      const uint4 lo = ld_acquire_sys_v4_u32(ready + ag_ready_index(q, 0));
+      const uint4 hi = ld_acquire_sys_v4_u32(ready + ag_ready_index(q, 4));
+      const u32 landed = (u32)seq_geq(lo.x, epoch) | (u32)seq_geq(lo.y, epoch) << 1 | (u32)seq_geq(lo.z, epoch) << 2 |
+                         (u32)seq_geq(lo.w, epoch) << 3 | (u32)seq_geq(hi.x, epoch) << 4 | (u32)seq_geq(hi.y, epoch) << 5 |
+                         (u32)seq_geq(hi.z, epoch) << 6 | (u32)seq_geq(hi.w, epoch) << 7;
+      // the first slab after `slab` not landed (bit 8 and up: past the last slab)
+      const i32 gap = __ffs(~(landed | ((1u << (slab + 1)) - 1u))) - 1;
+      end = min(end, gap * pp.slab_kb);
     }
     // proxy fence: the TMA loads that follow (async proxy) must see the rows acquired above,
     // which reached memory through the generic proxy (peer SM stores / copy engine)
     if (waited) fence_proxy_async_global();
+    return waited && pp.slab_kb > 0 ? end : kb_end;
   }
 
-  // Nothing per unit: wait_slab waits, for slab 0 (the whole chunk without slabs) and each next.
+  // Nothing per unit: wait_slabs waits, for slab 0 (the whole chunk without slabs) and on.
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
-
-  static RAWFLUX_DEVICE i32 slab_blocks(const Params& pp) { return pp.slab_kb; }
 };
 
 // ------------------------------------------------------------------------------------------

@@ -11,11 +11,12 @@
 //     // true: consumer warps may load a unit's later k blocks (Cfg::kRefill), so wait must order
 //     // every thread's later loads of those rows, not only the producer's
 //     static constexpr bool kConsumerRefill;
-//     // true: A's k blocks arrive in slabs of slab_blocks() blocks (0: one slab); the producer
-//     // calls wait_slab before the first block it loads of each slab (after wait)
+//     // true: A's k blocks arrive in slabs; after wait, the producer calls wait_slabs before
+//     // k block kb of a unit whose blocks end at kb_end, and it returns when kb's slab may be
+//     // read, with the first block past the slabs known to have landed (loads up to it need no
+//     // further wait)
 //     static constexpr bool kSlabWait;
-//     static __device__ i32 slab_blocks(const Params&);
-//     static __device__ void wait_slab(const Params&, i32 m0, i32 rows, i32 slab);
+//     static __device__ i32 wait_slabs(const Params&, i32 m0, i32 rows, i32 kb, i32 kb_end);
 //   };
 // Epilogue contract:
 //   struct E {
@@ -57,8 +58,7 @@ struct NoWait {
   static constexpr bool kConsumerRefill = true;  // nothing to order
   static constexpr bool kSlabWait = false;
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
-  static RAWFLUX_DEVICE i32 slab_blocks(const Params&) { return 0; }
-  static RAWFLUX_DEVICE void wait_slab(const Params&, i32, i32, i32) {}
+  static RAWFLUX_DEVICE i32 wait_slabs(const Params&, i32, i32, i32, i32 kb_end) { return kb_end; }
 };
 
 }  // namespace rawflux

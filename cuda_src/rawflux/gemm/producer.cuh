@@ -95,12 +95,10 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       }
     };
     if constexpr (Prologue::kSlabWait) {
-      // k-slabs: the unit's blocks slab by slab, each after its slab's wait (between the k loops,
-      // where no more is live than across the wait above: inside the loop it costs spills)
-      const i32 slab_kb = Prologue::slab_blocks(pro);
+      // k-slabs: the unit's blocks in runs of landed slabs, each run after the prologue's wait
+      // for its first slab (between the k loops: a wait inside the loop costs spills)
       for (i32 kb = w.kb_begin; kb < w.kb_end;) {
-        const i32 kb_next = slab_kb > 0 ? min(w.kb_end, (kb / slab_kb + 1) * slab_kb) : w.kb_end;
-        Prologue::wait_slab(pro, m0, max(0, min(Cfg::kBoxARows, p.m - m0)), slab_kb > 0 ? kb / slab_kb : 0);
+        const i32 kb_next = min(w.kb_end, Prologue::wait_slabs(pro, m0, max(0, min(Cfg::kBoxARows, p.m - m0)), kb, w.kb_end));
         blocks(kb, kb_next);
         kb = kb_next;
       }
