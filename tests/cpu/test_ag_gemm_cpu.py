@@ -767,3 +767,22 @@ def test_slabs_option_is_checked(fake_cuda):
     assert op.slabs(256) == 4
     op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 256, "bf16")
     assert op.slabs(256) in (1, 2, 4)  # the model's pick, a divisor of k's four 64-column blocks
+
+
+@pytest.mark.parametrize("bug", ["late_slab_flag_first", "chunk_flag_only"])
+def test_slab_simulation_can_fail(monkeypatch, bug):
+    """k-slabs: a later slab's flag before its copy, or one flag per chunk (slab 0) for all its
+    slabs, must be caught (a tile would read the slab's columns before they land)."""
+    orig = A.schedule
+
+    def broken(direction, copy, rank, world, sides=1, slabs=1):
+        steps = orig(direction, copy, rank, world, sides, slabs)
+        if bug == "late_slab_flag_first":
+            i = max(i for i, s in enumerate(steps) if s.kind == "copy")
+            steps[i], steps[i + 1] = steps[i + 1], steps[i]
+            return steps
+        return [s for s in steps if not (s.kind == "flag" and s.slab > 0)]
+
+    monkeypatch.setattr(A, "schedule", broken)
+    with pytest.raises(AssertionError, match="flag set before its data" if bug == "late_slab_flag_first" else "flags"):
+        _simulate("push", "ce", 4, 1, slabs=4)
