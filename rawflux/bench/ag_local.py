@@ -85,20 +85,21 @@ class AgLocal:
         op.sms = tune.device_info(0).sms
         op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
         op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
-        # The sync buffer: the epoch and every ready flag at EPOCH (every chunk landed: the tax's
-        # state). Every "peer" of the table is this buffer, so the call's start (ag_local_kernel)
-        # writes its record and arrivals where nobody reads them.
-        sync = _alloc(A.SYNC_BYTES, keep)
-        words = sync.view(np.uint32)
-        words[A.EPOCH_OFFSET // 4] = EPOCH
-        self._ready = words[A.READY_OFFSET // 4:A.READY_OFFSET // 4 + MAX_WORLD * A.MAX_SLABS]
-        self._ready[:] = EPOCH
-        self._ready_ptr = int(sync.data.ptr) + A.READY_OFFSET
-        self._epoch = EPOCH  # the op's epoch word as the calls issued so far leave it (each link call advances it)
-        self._all_ready = True  # every flag holds _epoch (a link call leaves only its own slabs' flags set)
-        table = cupy.asarray(np.full(world, int(sync.data.ptr), dtype=np.uint64))
-        keep.append(table)
-        op._sync = SimpleNamespace(ptr=int(sync.data.ptr), peer_table_ptr=int(table.data.ptr))
+        # Two sync buffers. The link's: its epoch advances with each link call (ag_local_kernel),
+        # whose flags the emulator releases; every "peer" of the table is this buffer, so the call's
+        # start writes its record and arrivals where nobody reads them. The tax's: epoch and every
+        # ready flag at EPOCH for good (every chunk and slab landed), never written by a call.
+        syncs = []
+        for _ in range(2):
+            sync = _alloc(A.SYNC_BYTES, keep)
+            words = sync.view(np.uint32)
+            words[A.EPOCH_OFFSET // 4] = EPOCH
+            words[A.READY_OFFSET // 4:A.READY_OFFSET // 4 + MAX_WORLD * A.MAX_SLABS] = EPOCH
+            table = cupy.asarray(np.full(world, int(sync.data.ptr), dtype=np.uint64))
+            keep.append(table)
+            syncs.append(SimpleNamespace(ptr=int(sync.data.ptr), peer_table_ptr=int(table.data.ptr)))
+        op._sync, self._sync_tax = syncs
+        self._ready_ptr = op._sync.ptr + A.READY_OFFSET
         self.op, self.status, self.world, self.rank, self._keep = op, status, world, rank, keep
         self._emu = op.kernel(EMU_KERNEL_FILE, EMU_KERNEL)
         op.kernel(A.KERNEL_FILE, A.LOCAL_KERNEL)
@@ -134,14 +135,13 @@ class AgLocal:
     def tax(self, b, out, m: int, stream: int, cfg=None, slabs: int | None = None) -> None:
         """One call with every chunk landed; ``slabs`` (default the op's pick) sets how many k-slab
         flags the GEMM waits for (each already set)."""
-        import cupy
-
         cfg = cfg or self.config(m)
-        if not self._all_ready:  # set every flag to the current epoch, in stream order before the GEMM
-            with cupy.cuda.ExternalStream(stream):
-                self._ready.fill(np.uint32(self._epoch))
-            self._all_ready = True
-        self._gemm(stream, cfg, m, b, out, pdl=False, slabs=self.slabs(m, cfg) if slabs is None else slabs)
+        op = self.op
+        link_sync, op._sync = op._sync, self._sync_tax  # the GEMM's waits read the tax's flags
+        try:
+            self._gemm(stream, cfg, m, b, out, pdl=False, slabs=self.slabs(m, cfg) if slabs is None else slabs)
+        finally:
+            op._sync = link_sync
 
     def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None, slabs: int | None = None) -> None:
         """One call behind the emulated link of ``gbps`` GB/s (see the module docstring), chunks in
@@ -157,9 +157,7 @@ class AgLocal:
         cfg = cfg or self.config(m, link=True)
         slabs = self.slabs(m, cfg) if slabs is None else int(slabs)
         op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._record, flags=0)  # the epoch, own rows
-        self._epoch += 1
         runtime.memsetAsync(self._ready_ptr, 0, 4 * W * A.MAX_SLABS, stream)  # no peer chunk of this call has landed
-        self._all_ready = False
         key = (m, float(gbps), slabs)
         if key not in self._due:
             arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps, slabs)
