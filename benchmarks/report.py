@@ -437,7 +437,7 @@ def tax_section(tax, link=None) -> list[str]:
         ms, table = _by_m(rows, lambda r: f"{r['ratio']:.2f} ({r.get('whole_chunks_ms', r['fused_ms']) / r['bound_ms']:.2f})", nk=False)
         over = sum(r["ratio"] > bar and r["m"] >= from_m for r in rows)
         out += ["## AllGather-GEMM behind the link emulator (one GPU)", "",
-                f"{_stamp(lname, rows)} Chunk flags released when a {', '.join(f'{g:g}' for g in gbps)} GB/s link would deliver",
+                f"{_stamp(lname, rows)} Chunk and slab flags released when a {', '.join(f'{g:g}' for g in gbps)} GB/s link would deliver",
                 "them (rawflux/bench/ag_local.py). Cells: fused, in the op's k-slabs, / max(rawflux.gemm, T_gather) (the same",
                 f"with whole chunks). Bar <= {bar} at m >= {from_m}.", ""]
         out += _table(["W", "layer"] + [f"m = {m}" for m in ms], table)
