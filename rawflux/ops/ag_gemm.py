@@ -38,6 +38,10 @@ numbers its calls on the device (its epoch e) and every flag carries e.
       end; the GEMM, on SMs - R CTAs, follows it as its programmatic dependent (PDL), so it starts
       only once every copy CTA is resident (hazard 1: a copy kernel on a side stream was seen to
       get no SM while the GEMMs spun, under MPS). Three launches a call, no side streams.
+k-slabs (``slabs(m)``, S = 1, 2, 4 or 8): each chunk goes as S column slabs of k / S, slab 0 to
+every peer first, each slab with its own flag; the GEMM's producer waits for a tile's slab j only
+before its first k block of slab j (one wait covers every slab already landed), so where one wave
+holds every chunk a tile starts on the first slab instead of the whole chunk.
 Why one gathered buffer suffices: a rank writes a peer's rows of call e only after that peer
 arrived at call e, i.e. after the peer's GEMM of e - 1 ended (tests/cpu/test_ag_protocol.py, the
 gated one-slot variant); its own rows only after its own GEMM of e - 1 ended (stream order).
