@@ -27,7 +27,7 @@ from ..dist.layout import MAX_WORLD
 from ..jit import register
 from ..ops import ag_gemm as A
 from ..runtime import DType, as_tensor
-from ..tune.ag_order import arrival_step
+from ..tune.ag_order import slab_arrival_us
 from .rs_local import _alloc, _bare_op, _group_ctrl
 
 EMU_KERNEL_FILE = "link_emu.cu"
@@ -40,12 +40,13 @@ register(EMU_KERNEL_FILE, EMU_KERNEL, archs=("sm_90a",))  # python -m rawflux.ch
 
 def push_arrivals(rank: int, world: int, chunk_bytes: int, gbps: float, slabs: int = 1) -> list[tuple[int, float]]:
     """(ready flag, ns after the call starts) in landing order on ``rank``: slab j of chunk
-    (rank + s) mod W at (j x (W - 1) + s) x chunk_bytes / (slabs x G) (tune.ag_order.arrival_step:
-    ops.ag_gemm.push_targets' steps; slab-major, as ops.ag_gemm.schedule sends them); the flag is
-    ops.ag_gemm.ready_index(chunk, slab)."""
-    t_slab_ns = chunk_bytes / slabs / gbps  # bytes / (GB/s) = ns
-    peers = sorted((q for q in range(world) if q != rank), key=lambda q: arrival_step(q, rank, world))
-    return [(A.ready_index(q, j), (j * (world - 1) + arrival_step(q, rank, world)) * t_slab_ns) for j in range(slabs) for q in peers]
+    (rank + s) mod W at (j x (W - 1) + s) x chunk_bytes / (slabs x G): the planner's schedule
+    (tune.ag_order.slab_arrival_us; push_targets' steps, slab-major as ops.ag_gemm.schedule sends);
+    the flag is ops.ag_gemm.ready_index(chunk, slab)."""
+    # the planner's schedule (us), for a chunk of one chunk_bytes-byte row
+    arr = slab_arrival_us(world, rank, 1, chunk_bytes, 1, gbps, slabs)
+    landed = [(A.ready_index(q, j), t * 1e3) for q in range(world) if q != rank for j, t in enumerate(arr[q])]
+    return sorted(landed, key=lambda f: f[1])
 
 
 def t_gather_ms(world: int, m: int, k: int, itemsize: int, gbps: float) -> float:

@@ -27,8 +27,8 @@
 //
 // Flags hold the op's epoch e (calls of this op object, counted on the device): ready[q][j] = the
 // last call whose slab j of chunk q landed in this rank's gathered buffer (j = 0: the whole chunk
-// without slabs), arrive[q] = the last call rank q started. Epochs only grow, so flags are never reset, and a stale flag (< e) never satisfies a
-// wait. The copy engine sets a flag by copying the epoch word after the data on the same stream.
+// without slabs), arrive[q] = the last call rank q started. Epochs only grow, so flags are never
+// reset, and a stale flag (< e) never satisfies a wait. The copy engine sets a flag by copying the epoch word after the data on the same stream.
 #pragma once
 
 #include "rawflux/comm/ctrl.cuh"

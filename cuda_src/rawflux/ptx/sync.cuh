@@ -29,7 +29,6 @@ RAWFLUX_DEVICE u64 ld_acquire_sys_u64(const u64* p) {
   return v;
 }
 
-// Acquire at GPU scope: for flags written by other CTAs of the same device only.
 // Four consecutive flags in one load (p 16-byte aligned): each word is read as its own acquire
 // would read it, in one round trip instead of four.
 RAWFLUX_DEVICE uint4 ld_acquire_sys_v4_u32(const u32* p) {
@@ -38,6 +37,7 @@ RAWFLUX_DEVICE uint4 ld_acquire_sys_v4_u32(const u32* p) {
   return v;
 }
 
+// Acquire at GPU scope: for flags written by other CTAs of the same device only.
 RAWFLUX_DEVICE u32 ld_acquire_gpu_u32(const u32* p) {
   u32 v;
   // acquire (gpu scope): writes other CTAs of this GPU released before this flag are visible
