@@ -15,9 +15,15 @@ block's base. cudaMalloc may sub-allocate small buffers from one block (the CUDA
 guide says so; a pool does it always), so a peer that took the opened pointer for the buffer
 would read another buffer of that block. (gemm_rs once raised a CallMismatch at world 2 on one
 machine, three runs out of three, where a peer's call record read back a value that was
-no record: what such aliasing would do.) So each rank also sends its buffer's offset from its
-block's base (cuMemGetAddressRange) and peers add it, and the 2 MiB rounding keeps every
-symmetric buffer in blocks of its own, so no block is opened twice and nothing else is exposed.
+no record: what such aliasing would do; tests/cpu/test_ag_ce_ordering.py shows it is also the
+one cause that fits the copy-engine AllGather's lost chunk of 73ae221.) So each rank also sends
+its buffer's offset from its block's base (cuMemGetAddressRange) and peers add it, and the 2 MiB
+rounding keeps every symmetric buffer in blocks of its own, so no block is opened twice and
+nothing else is exposed. And every mapping is proven before use: each rank writes a stamp (a
+random nonce and its rank) into its allocation past the buffer's bytes, where nothing else
+writes; each peer reads it back through its mapping and compares it with the stamp sent in the
+exchange. A mapping that lands anywhere else fails on every rank with a DistError naming it,
+instead of corrupting data silently.
 
 ``peer_ptrs[q]`` is rank q's buffer as mapped in this process; ``peer_ptrs_dev`` is the same
 table in device memory (u64[world]) for kernels: ``peer_ptr<T>(table, q, offset)`` in
@@ -46,6 +52,7 @@ itself. So, between two calls that use the same buffer:
 """
 from __future__ import annotations
 
+import secrets
 import struct
 from dataclasses import dataclass, field
 
@@ -103,11 +110,28 @@ def collective_try(mpi, fn, what: str, gather=None):
 
 
 ALLOC_BLOCK = 2 << 20  # symmetric buffers are whole blocks of this many bytes (the module docstring)
+STAMP = struct.Struct("<QQ")  # the mapping check's stamp: (nonce, rank), in the allocation's last bytes
 
 
 def alloc_bytes(nbytes: int) -> int:
-    """Bytes actually allocated for a symmetric buffer of ``nbytes``."""
+    """Bytes actually allocated for ``nbytes`` of payload, in whole blocks."""
     return -(-max(1, int(nbytes)) // ALLOC_BLOCK) * ALLOC_BLOCK
+
+
+def stamp_offset(nbytes: int) -> int:
+    """Where a buffer of ``nbytes`` keeps its mapping stamp: its allocation's last STAMP.size bytes,
+    past every byte the buffer's users touch (the same offset on every rank)."""
+    return alloc_bytes(int(nbytes) + STAMP.size) - STAMP.size
+
+
+def check_stamp(got: bytes, want: bytes, q: int, name: str, at: int) -> None:
+    """The stamp rank q wrote, read back through this rank's mapping of its buffer."""
+    if bytes(got) != bytes(want):
+        raise RuntimeError(
+            f"rank {q}'s buffer '{name}' maps to other memory here: byte {at} reads {bytes(got).hex()} where rank {q} "
+            f"wrote its stamp {bytes(want).hex()} (an IPC mapping that does not start where the buffer does, e.g. "
+            "a sub-allocated cudaMalloc block whose offset the driver did not report)"
+        )
 
 
 def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
@@ -118,20 +142,23 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
     name = str(name)
     ptr = offset = 0
     handle = err = None
+    stamp = STAMP.pack(secrets.randbits(64), rank)
+    at = stamp_offset(nbytes) if nbytes > 0 else 0
     if nbytes > 0:
         try:
-            size = alloc_bytes(nbytes)
+            size = at + STAMP.size
             ptr = be.malloc(size)
             be.memset(ptr, 0, size)  # synchronous: zero before any peer can map and write it
+            be.memcpy_htod(ptr + at, stamp)  # synchronous: in place before any peer reads it
             base, block = be.address_range(ptr)
             offset = ptr - base
-            if offset < 0 or offset + nbytes > block:
-                raise RuntimeError(f"buffer {ptr:#x} ({nbytes} bytes) is not inside its block ({base:#x}, {block} bytes)")
+            if offset < 0 or offset + size > block:
+                raise RuntimeError(f"buffer {ptr:#x} ({size} bytes) is not inside its block ({base:#x}, {block} bytes)")
             handle = be.ipc_get(ptr)
         except Exception as e:  # noqa: BLE001 - reported to every rank below
             err = f"{type(e).__name__}: {e}"
-    # One exchange carries the request (for the check), the handle and the offset in its block;
-    # bounded by the group's timeout (a rank that died or makes another call is named).
+    # One exchange carries the request (for the check), the handle, the offset in its block and
+    # the stamp; bounded by the group's timeout (a rank that died or makes another call is named).
     what = f"symmetric buffer '{name}'"
 
     def release():
@@ -142,14 +169,14 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
             be.free(ptr)
 
     try:
-        gathered = group._exchange("symmetric()", (nbytes, name, handle, offset, err), what)
+        gathered = group._exchange("symmetric()", (nbytes, name, handle, offset, err, stamp), what)
     except Exception:
         if ptr:
             release()
         raise
     try:
-        check_symmetric_requests([(n, nm) for n, nm, _, _, _ in gathered], rank)
-        bad = [(q, e) for q, (_, _, _, _, e) in enumerate(gathered) if e is not None]
+        check_symmetric_requests([(n, nm) for n, nm, *_ in gathered], rank)
+        bad = [(q, e) for q, (_, _, _, _, e, _) in enumerate(gathered) if e is not None]
         if bad:
             raise DistError(
                 f"symmetric buffer '{name}' ({nbytes} bytes): allocation failed on rank(s) "
@@ -166,13 +193,14 @@ def allocate(group, nbytes: int, name: str) -> SymmetricBuffer:
     def open_all():
         nonlocal table
         peers = []
-        for q, (_, _, h, off, _) in enumerate(gathered):
+        for q, (_, _, h, off, _, want) in enumerate(gathered):
             if q == rank:
                 peers.append(ptr)
             else:
                 p = be.ipc_open(h)  # the base of rank q's block: closed by this pointer
                 imported.append(p)
                 peers.append(p + off)
+                check_stamp(be.memcpy_dtoh(p + off + at, STAMP.size), want, q, name, at)
         table = be.malloc(8 * world)
         be.memcpy_htod(table, struct.pack(f"<{world}Q", *peers))
         return peers
