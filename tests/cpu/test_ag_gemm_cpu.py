@@ -451,7 +451,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(runtime, "streamWaitEvent", lambda s, ev, flags=0: log.append(("wait", s, ev)))
     monkeypatch.setattr(runtime, "memcpyAsync", lambda dst, src, n, kind, s: log.append(("memcpy", dst, src, n, s)))
     monkeypatch.setattr(runtime, "memcpy2DAsync",
-                        lambda dst, dp, src, sp, w, h, kind, s: log.append(("memcpy2d", dst, src, w * h, s, dp, sp)))
+                        lambda dst, dp, src, sp, w, h, kind, s: log.append(("memcpy2d", dst, src, w * h, s, dp, sp, w, h)))
 
     class _Dev:
         def __init__(self, *a):
