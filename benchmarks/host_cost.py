@@ -4,8 +4,9 @@
     rawflux-launch --emulate 2 python benchmarks/host_cost.py ...      # W = 2 (two ranks, one GPU)
     ... --profile gemm_rs.object                                       # where one form's host time goes
 
-Each form (torch.matmul, rawflux.gemm, each op object and its functional form, on torch inputs)
-is timed as: a delay kernel holds the stream, the host queues --calls calls (host_us = their
+Each form (torch.matmul, one 4-byte cudaMemcpyAsync as the "ce" AllGather issues it per peer and
+slab: rawflux.ops.ag_gemm.CE_CALL_US, rawflux.gemm, each op object and its functional form, on
+torch inputs) is timed as: a delay kernel holds the stream, the host queues --calls calls (host_us = their
 wall time / calls, perf_counter), then the stream runs them back to back between two CUDA
 events (device_us = elapsed / calls: the device time once the host is out of the way); the
 median of --reps such rounds. Bars: host_us <= 15 for op objects, <= 25 for functional forms.
@@ -42,7 +43,12 @@ def forms(group, m: int, n: int, k: int):
     rnd = lambda *s: torch.randn(*s, device=dev, dtype=torch.bfloat16, generator=g)  # noqa: E731
     a, b = rnd(m, k), rnd(n, k)
     c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+    from cupy.cuda import runtime
+
+    word = torch.zeros(2, device=dev, dtype=torch.int32)
+    side = torch.cuda.current_stream(dev).cuda_stream
     out = [("torch", "matmul", None, lambda: torch.matmul(a, b.t(), out=c)),
+           ("cuda", "memcpyAsync", None, lambda: runtime.memcpyAsync(word.data_ptr() + 4, word.data_ptr(), 4, runtime.memcpyDefault, side)),
            ("gemm", "functional", FUNCTIONAL_BAR_US, lambda: rawflux.gemm(a, b, out=c))]
     a_ar, b_ar = rnd(m, k // w), rnd(n, k // w)
     ar = rawflux.GemmAR(group, m, n, k // w, torch.bfloat16)

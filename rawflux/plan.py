@@ -36,7 +36,8 @@ ag_order.py's order and arrivals):
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
 Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
-Chunks go in k-slabs as the op picks them (ops.ag_gemm.slab_count; --slabs S models S instead).
+Chunks go in k-slabs as the op picks them for the device (ops.ag_gemm.slab_count; an eager "ce"
+call may take fewer, its host's issue time counted: ce_issue_us); --slabs S models S instead.
 Exit status 2 on bad arguments.
 
     python -m rawflux.plan gemm_ar --world 8 --n 8192 --k 1024 [--ms 1,16,128,512] [--link-gbps 370]

@@ -122,8 +122,9 @@ class AgLocal:
         return A.fused_config(op._default(m) if base is None else base, m, self.world, op.sms - 1 if link else 0)
 
     def slabs(self, m: int, cfg) -> int:
-        """The op's k-slabs for calls of m on configuration cfg (ops.ag_gemm.AGGemm.slabs)."""
-        return self.op.slabs(m, cfg)
+        """The op's k-slabs for calls of m on configuration cfg, as the device alone picks them
+        (ops.ag_gemm.AGGemm.slabs, eager=False: the emulated link issues no copies from the host)."""
+        return self.op.slabs(m, cfg, eager=False)
 
     def failed(self) -> int:
         return self.status.state()

@@ -103,7 +103,7 @@ def _bare_op(cls, rank: int, world: int, status, timeout_s: float, ctrl: int):
     (no buffers, no side streams); the caller sets the op's own state."""
     op = object.__new__(cls)
     op.group, op.rank, op.world, op.device_id = _FakeGroup(rank, world, status, timeout_s), rank, world, 0
-    op._closed, op._buffers, op._streams, op.calls, op._kernels = False, [], [], 0, {}
+    op._closed, op._buffers, op._streams, op.calls, op._kernels, op.capturing = False, [], [], 0, {}, False
     op._fast, op._fast_lock = {}, threading.Lock()
     op._group_ctrl = ctrl
     return op

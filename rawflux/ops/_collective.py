@@ -174,6 +174,7 @@ class CollectiveOp:
         self._join_events: list[int] = []
         self._kernels: dict[str, object] = {}
         self.calls = 0  # calls made on this rank (host count, for messages and tests)
+        self.capturing = False  # inside capture(): the calls made there are replayed without the host
         self._fast: dict[tuple, object] = {}  # validated calls' launches by call metadata (fast_entry)
         self._fast_lock = threading.Lock()  # one call at a time patches and launches an entry
         if self.world > 1:
@@ -467,12 +468,20 @@ class CollectiveOp:
             ready = cupy.cuda.Event(disable_timing=True)
             ready.record(cupy_stream(base))
             side.wait_event(ready)  # the capture's warm-up call runs after the caller's queued work
-            self(*args, stream=side, **kw)  # outside the capture: compiles, plans and the fast-path entry
-            side.begin_capture()
+            # An op may plan a captured call otherwise (ag_gemm's k-slabs count no host time): its
+            # fast-path entries are eager calls' and are dropped on the way in and out.
+            self.forget_fast()
+            self.capturing = True
             try:
-                self(*args, stream=side, **kw)
+                self(*args, stream=side, **kw)  # outside the capture: compiles, plans and the fast-path entry
+                side.begin_capture()
+                try:
+                    self(*args, stream=side, **kw)
+                finally:
+                    graph = side.end_capture()
             finally:
-                graph = side.end_capture()
+                self.capturing = False
+                self.forget_fast()
             done = cupy.cuda.Event(disable_timing=True)
             done.record(side)
             cupy_stream(base).wait_event(done)  # the caller's later work runs after the warm-up call

@@ -41,7 +41,9 @@ numbers its calls on the device (its epoch e) and every flag carries e.
 k-slabs (``slabs(m)``, S = 1, 2, 4 or 8): each chunk goes as S column slabs of k / S, slab 0 to
 every peer first, each slab with its own flag; the GEMM's producer waits for a tile's slab j only
 before its first k block of slab j (one wait covers every slab already landed), so where one wave
-holds every chunk a tile starts on the first slab instead of the whole chunk.
+holds every chunk a tile starts on the first slab instead of the whole chunk. On "ce" every slab
+costs the host two driver calls per peer, so an eager call's S is picked on the longer of the GEMM
+and the host's issue time (ce_issue_us); a call made inside ``op.capture`` counts the GEMM alone.
 Why one gathered buffer suffices: a rank writes a peer's rows of call e only after that peer
 arrived at call e, i.e. after the peer's GEMM of e - 1 ended (tests/cpu/test_ag_protocol.py, the
 gated one-slot variant); its own rows only after its own GEMM of e - 1 ended (stream order).
@@ -82,7 +84,7 @@ from .gemm import gemm
 from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
 __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedule", "push_targets", "pull_sources", "arrival_order",
-           "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation", "slab_count", "ready_index"]
+           "chunk_span", "default_copy_sms", "chunk_group", "fused_config", "rotation", "slab_count", "ready_index", "ce_issue_us"]
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
@@ -113,6 +115,14 @@ RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD * MAX_SLABS
 SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * META_SLOT_BYTES
 COPY_COUNTERS = 2 + MAX_WORLD * MAX_SLABS  # kAgCopyCounters: ag_copy_kernel's claim, per-block and exit counters
 LINK_GBPS = 370.0  # the link the k-slab choice assumes (an H200's NVLink, one direction; rawflux.plan's default)
+CE_CALL_US = 2.0  # host us per driver call of the "ce" path (a copy, an event); an estimate until host_cost.py measures it
+
+
+def ce_issue_us(world: int, slabs: int, sides: int = 1, barrier: bool = False) -> float:
+    """The host's time to issue one "ce" call: a copy and a flag per (peer, slab), the three
+    launches (and pull's barrier), the fork (one record, a wait per side stream) and the join (a
+    record and a wait per side stream), at CE_CALL_US each."""
+    return CE_CALL_US * (2 * slabs * (world - 1) + 4 + 3 * sides + int(barrier))
 
 
 def ready_index(chunk: int, slab: int = 0) -> int:
@@ -178,16 +188,19 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
     return replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas)
 
 
-def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsize: int, gbps: float = LINK_GBPS) -> int:
+def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsize: int, gbps: float = LINK_GBPS,
+               issue_us=None, out_bytes: int | None = None) -> int:
     """k-slabs per chunk for calls of m on fused configuration ``cfg``: tune.ag_order.pick_slabs on
     the op's tile order, the model's GEMM time and a link of ``gbps`` (1 at decode sizes, where one
-    chunk is smaller than a slab's worth of k blocks would pay for)."""
+    chunk is smaller than a slab's worth of k blocks would pay for); ``issue_us``: S -> the host's
+    time to issue a call (ce_issue_us for the copy-engine path), None: the device alone. itemsize:
+    bytes of A's elements (what the link carries); out_bytes: of the output's (default itemsize)."""
     t = cfg.tile
     units = ag_units(m, n, world, 0, t, cfg.group, cfg.raster_n)
     clusters = max(1, (cfg.ctas or dev.sms) // t.cluster_size)
     waves = -(-len(units) // clusters)
-    unit_us = tune.estimate_us(m, n, k, cfg, dev, itemsize) / waves
-    return pick_slabs(units, t, m, k, world, itemsize, gbps, clusters, unit_us, tune.BK)
+    unit_us = tune.estimate_us(m, n, k, cfg, dev, itemsize if out_bytes is None else out_bytes) / waves
+    return pick_slabs(units, t, m, k, world, itemsize, gbps, clusters, unit_us, tune.BK, issue_us)
 
 
 @dataclass(frozen=True)
@@ -537,21 +550,27 @@ class AGGemm(CollectiveOp):
     def _default(self, m: int) -> GemmConfig:
         return engine.pick_config(m, self.n, self.k, self.dtype, self.b_layout, self.out_dtype, self.device_id)
 
-    def slabs(self, m: int, cfg: GemmConfig | None = None) -> int:
+    def slabs(self, m: int, cfg: GemmConfig | None = None, *, eager: bool | None = None) -> int:
         """k-slabs per chunk of a call with m rows on fused configuration ``cfg`` (default
-        ``config(m)``): the constructor's ``slabs``, else slab_count's pick (1 at world 1)."""
+        ``config(m)``): the constructor's ``slabs``, else slab_count's pick (1 at world 1). An eager
+        call on the "ce" path counts the host's time to issue it (ce_issue_us: two driver calls per
+        peer and slab), which can outlast the GEMM; a call being captured (``capture``: the graph
+        replays without the host) and the "sm" path do not. ``eager``: None, the op's own case."""
         if self.world == 1:
             return 1
         if self.slab_choice is not None:
             return self.slab_choice
         cfg = self.config(m) if cfg is None else cfg
-        key = (m, cfg)
+        if eager is None:
+            eager = self.copy == "ce" and not self.capturing
+        key = (m, cfg, eager)
         got = self._slabs.get(key)
         if got is None:
             if len(self._slabs) > 4096:
                 self._slabs.clear()
+            issue = (lambda s: ce_issue_us(self.world, s, self._sides, self.direction == "pull")) if eager else None
             got = self._slabs[key] = slab_count(cfg, m, self.n, self.k, self.world, tune.device_info(self.device_id),
-                                                self.out_dtype.itemsize)
+                                                self.dtype.itemsize, issue_us=issue, out_bytes=self.out_dtype.itemsize)
         return got
 
     def _adapt(self, base: GemmConfig, m: int) -> GemmConfig:

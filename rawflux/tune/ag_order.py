@@ -167,10 +167,12 @@ def simulate(need, clusters: int, unit_us: float) -> AgSim:
 
 
 def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: int, gbps: float, clusters: int, unit_us: float,
-               bk: int = 64) -> int:
+               bk: int = 64, issue_us=None) -> int:
     """k-slabs per chunk for a call: the fewest S of SLAB_CHOICES (k split into whole bk-column
-    blocks) whose simulated GEMM end is within 1 % of the best, and 1 unless that end is SLAB_GAIN
-    of whole chunks' or less (the model counts no per-slab cost: flags, waits, copies). Rank 0's
+    blocks) whose time is within 1 % of the best, and 1 unless that time is SLAB_GAIN of whole
+    chunks' or less. A call's time is its simulated GEMM end, or with ``issue_us`` (S -> the host's
+    us to issue one call: the copy-engine path's driver calls grow with S) the longer of the two,
+    as back-to-back calls run. The model counts no device cost per slab (flags, waits). Rank 0's
     view: every rank's arrivals are the same pattern rotated, and the call record compares S."""
     m_local = m // world
     ends = {1: simulate(unit_need_us(units, tile, m, world, arrival_us(world, 0, m_local, k, itemsize, gbps)), clusters,
@@ -179,6 +181,8 @@ def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: in
         if k % (s * bk) == 0:
             arr = slab_arrival_us(world, 0, m_local, k, itemsize, gbps, s)
             ends[s] = simulate(slab_need_us(units, tile, m, world, arr, unit_us), clusters, unit_us).gemm_end
+    if issue_us is not None:
+        ends = {x: max(t, issue_us(x)) for x, t in ends.items()}
     best = min(ends.values())
     s = min(x for x, t in ends.items() if t <= best * 1.01)
     return s if ends[s] <= SLAB_GAIN * ends[1] else 1

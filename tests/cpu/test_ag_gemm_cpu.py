@@ -758,6 +758,112 @@ def test_slab_count_is_the_model_pick():
             assert s == 1, (world, m, s)
 
 
+def test_eager_ce_calls_count_the_hosts_issue_time(fake_cuda):
+    """The "ce" path makes two driver calls per peer and slab: an eager call's k-slabs are picked on
+    the longer of the GEMM and the host's issue time (ce_issue_us), so at W = 8 it takes fewer
+    slabs than the device alone would; a call being captured and the "sm" path take the device's
+    pick, and so does AgLocal (its emulated link issues no copies)."""
+    from rawflux.bench.ag_local import AgLocal
+
+    log, _ = fake_cuda
+    world, m, n, k = 8, 1024, 1280, 8192  # Llama-3-70B QKV at W = 8
+    ce = A.AGGemm(OpGroup(0, world, log), m, n, k, "bf16", copy="ce")
+    cfg = ce.config(m)
+    device, eager = ce.slabs(m, cfg, eager=False), ce.slabs(m, cfg)
+    assert eager == A.slab_count(cfg, m, n, k, world, A.tune.device_info(0), 2, issue_us=lambda s: A.ce_issue_us(world, s))
+    assert 1 < eager < device, (eager, device)
+    ce.capturing = True
+    assert ce.slabs(m, cfg) == device
+    ce.capturing = False
+    sm = A.AGGemm(OpGroup(0, world, log), m, n, k, "bf16", copy="sm")
+    assert sm.slabs(m) == sm.slabs(m, eager=False)
+    assert AgLocal.slabs(types_ns(op=ce), m, cfg) == device
+    # no host time: the device's pick; a host slower than any GEMM: whole chunks
+    units = A.ag_units(m, n, world, 0, cfg.tile, cfg.group, cfg.raster_n)
+    args = (units, cfg.tile, m, k, world, 2, 370.0, 66, 40.0)
+    assert A.pick_slabs(*args, issue_us=lambda s: 0.0) == A.pick_slabs(*args) > 1
+    assert A.pick_slabs(*args, issue_us=lambda s: 1e6 * s) == 1
+
+
+def test_capture_plans_its_calls_without_host_time(fake_cuda, monkeypatch):
+    """op.capture: its warm-up and captured calls take the device's k-slabs (a replay issues
+    nothing from the host) and a fast-path entry of eager calls is not reused for them; the eager
+    calls after it take the eager pick again."""
+    import cupy
+
+    from rawflux import runtime
+
+    log, _ = fake_cuda
+    events = []
+
+    class _Stream:
+        ptr = 0x77
+
+        def wait_event(self, ev):
+            pass
+
+        def begin_capture(self):
+            events.append("begin")
+
+        def end_capture(self):
+            events.append("end")
+            return "graph"
+
+    class _Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self, s=None):
+            pass
+
+    monkeypatch.setattr(cupy.cuda, "Stream", lambda non_blocking=False: _Stream())
+    monkeypatch.setattr(cupy.cuda, "Event", _Event)
+    monkeypatch.setattr(runtime, "cupy_stream", lambda s: _Stream())
+    world, m, n, k = 8, 1024, 1280, 8192
+    op = A.AGGemm(OpGroup(0, world, log), m, n, k, "bf16", copy="ce")
+    from rawflux.engine import planning as P
+    from tests.cpu.test_fast_path import _Block  # the fast path's launch blocks, logging
+    from tests.fake_arrays import FakeCupy, at
+
+    monkeypatch.setattr(P, "LaunchBlock", _Block)
+    a, b, out = FakeCupy((m // world, k), ptr=at(0)), FakeCupy((n, k), ptr=at(2)), FakeCupy((m, n), ptr=at(1))
+    checked = []
+    real = A.check_call
+    monkeypatch.setattr(A, "check_call", lambda *x, **kw: checked.append(1) or real(*x, **kw))
+
+    def slab_flags():  # the k-slab count of each call in the log (data copies per peer)
+        data = [e for e in log if e[0] in ("memcpy", "memcpy2d") and e[3] != 4]
+        return len(data) // (world - 1)
+
+    device, eager = op.slabs(m, eager=False), op.slabs(m)
+    assert eager < device
+    for _ in range(2):  # validated, then the fast path
+        log.clear()
+        op(a, b, out=out, stream=0x77)
+        assert slab_flags() == eager
+    assert len(checked) == 1
+    log.clear()
+    graph = op.capture(a, b, out=out, stream=0x77)
+    assert graph is not None and events == ["begin", "end"] and not op.capturing
+    assert slab_flags() == 2 * device and len(checked) == 2  # the warm-up call (validated) and the captured one
+    for _ in range(2):
+        log.clear()
+        op(a, b, out=out, stream=0x77)
+        assert slab_flags() == eager
+    assert len(checked) == 3
+
+
+@pytest.mark.parametrize("world,slabs,direction", [(2, 1, "push"), (4, 2, "push"), (4, 2, "pull"), (8, 4, "push")])
+def test_ce_issue_us_counts_the_driver_calls_a_call_makes(fake_cuda, world, slabs, direction):
+    log, _ = fake_cuda
+    op = A.AGGemm(OpGroup(1, world, log), world * 128, 64, 256, "bf16", direction=direction, copy="ce", slabs=slabs)
+    for ptr in (BASE, BASE + (3 << 30)):  # the validated call, then the fast path's
+        log.clear()
+        op(FakeCAI(ptr, (100, 256)), FakeCAI(BASE + (2 << 30), (64, 256)), out=FakeCAI(BASE + (1 << 30), (100 * world, 64)), stream=7)
+        calls = [e for e in log if e[0] in ("memcpy", "memcpy2d", "record", "wait", "launch", "kernel", "barrier")]
+        assert len(calls) * A.CE_CALL_US == A.ce_issue_us(world, slabs, 1, direction == "pull"), [e[:2] for e in calls]
+
+
 def test_slabs_option_is_checked(fake_cuda):
     log, _ = fake_cuda
     for bad, k in ((3, 128), (16, 1024), (2, 64 * 3), (0, 128)):
