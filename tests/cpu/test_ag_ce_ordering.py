@@ -110,10 +110,10 @@ class ModelGroup(OpGroup):
         return self.mem.symmetric(self.rank, nbytes, name)
 
 
-def issue_calls(log, world: int, direction: str, calls: int, slabs: int, mem: World) -> list[list[tuple]]:
+def issue_calls(log, world: int, direction: str, calls: int, slabs: int, mem: World, sides: int = 1) -> list[list[tuple]]:
     """Each rank's issue log for ``calls`` calls of one fresh op object per rank."""
-    ops = [A.AGGemm(ModelGroup(r, world, log, mem), world * M_LOC, 64, K, "bf16", direction=direction, copy="ce", slabs=slabs)
-           for r in range(world)]
+    ops = [A.AGGemm(ModelGroup(r, world, log, mem), world * M_LOC, 64, K, "bf16", direction=direction, copy="ce", slabs=slabs,
+                    ce_streams=sides) for r in range(world)]
     logs: list[list[tuple]] = [[] for _ in range(world)]
     for c in range(calls):
         for r, op in enumerate(ops):
@@ -374,9 +374,9 @@ def sample(dev: Device, runs: int, seed: int) -> Outcomes:
     return res
 
 
-def model(log, direction, slabs, world=2, calls=2, faults=(), mem=None) -> Device:
+def model(log, direction, slabs, world=2, calls=2, faults=(), mem=None, sides=1) -> Device:
     mem = mem or World(world)
-    return Device(issue_calls(log, world, direction, calls, slabs, mem), world, mem, slabs, faults)
+    return Device(issue_calls(log, world, direction, calls, slabs, mem, sides), world, mem, slabs, faults)
 
 
 def every_peer_chunk(world, calls, slabs) -> frozenset:
@@ -397,10 +397,13 @@ def test_ce_path_is_safe_in_every_interleaving(fake_cuda, direction, slabs):
     assert got.states > 1000  # the interleavings were really explored
 
 
-@pytest.mark.parametrize("direction", ["push", "pull"])
-def test_ce_path_is_safe_on_random_schedules_at_world_3(fake_cuda, direction):
+@pytest.mark.parametrize("direction,sides", [("push", 1), ("pull", 1), ("push", 2)])
+def test_ce_path_is_safe_on_random_schedules_at_world_3(fake_cuda, direction, sides):
+    """Three ranks, three calls, 2 slabs; with ce_streams=2 the peers' copies alternate side streams."""
     log, _ = fake_cuda
-    got = sample(model(log, direction, 2, world=3, calls=3), runs=60, seed=38)
+    dev = model(log, direction, 2, world=3, calls=3, sides=sides)
+    assert len(dev.streams) == 3 * (1 + sides)
+    got = sample(dev, runs=60, seed=38)
     assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
 
 
