@@ -13,7 +13,9 @@ landed (the tax; bar fused / gemm <= 1.02) and (2) behind the link emulator at G
 fused <= 1.03 x max(T_gemm, T_gather) at m >= 1024, T_gather = (W - 1) chunks at G), against
 rawflux.gemm's own pick on the gathered A; also the emulated call with the GEMM's own raster
 order instead of the fused op's chunk-major one (column pick_order) and, where the op sends
-chunks in k-slabs (slabs > 1), with whole chunks (column whole_chunks).
+chunks in k-slabs (slabs > 1), with whole chunks (column whole_chunks); --slab-sweep also times the
+tax and the emulated call at every k-slab count S that splits k (records tax_slab_ms / link_slab_ms:
+{S: ms}), for what a slab costs with its flag already set and behind the link.
 CUDA events, warm-up, median of --reps, the competitors interleaved call by call, B (and
 gemm_rs's A) rotated over sets larger than 4x L2. Points are printed; exit status 1 if any
 misses its bar. fusion-tax.json holds the tax records of both ops (records: op, world, m, n, k,
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--link-gbps", type=float, default=370.0)
     ap.add_argument("--json", default=str(RESULTS / "fusion-tax.json"))
     ap.add_argument("--link-json", default=str(RESULTS / "ag-link-emu.json"))
+    ap.add_argument("--slab-sweep", action="store_true", help="ag_gemm: also time every k-slab count (see the module docstring)")
     ap.add_argument("--tuned", action="store_true", help="tuned against untuned (see the module docstring)")
     ap.add_argument("--tune-reps", type=int, default=20, help="--tuned: calls per candidate in the tuning pass (op.tune's reps)")
     ap.add_argument("--tuned-json", default=str(RESULTS / "fused-tuned.json"))
@@ -208,6 +211,7 @@ def run_ag(args):
 
     import rawflux
     from rawflux.bench.ag_local import t_gather_ms
+    from rawflux.tune.ag_order import SLAB_CHOICES
 
     gpu, commit = _gpu_commit()
     G = args.link_gbps
@@ -260,10 +264,16 @@ def run_ag(args):
                 def same(i):
                     rawflux.gemm(gath, b[i], out=full, stream=s, config=cfg_tax)
 
-                fns = [tax, link, link_pick, plain, same] + ([link_whole] if sl_link > 1 else [])
+                sweep = [S for S in SLAB_CHOICES if k % (S * 64) == 0] if args.slab_sweep else []
+                sweep_fns = [lambda i, S=S: ag.tax(b[i], out, m, s, cfg_tax, slabs=S) for S in sweep]
+                sweep_fns += [lambda i, S=S: ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=S) for S in sweep]
+                fns = [tax, link, link_pick, plain, same] + ([link_whole] if sl_link > 1 else []) + sweep_fns
                 times = bench_many(fns, nsets, args.reps)
                 t_tax, t_link, t_pick, t_g, t_s = times[:5]
                 t_whole = times[5] if sl_link > 1 else t_link
+                t_sweep = times[len(fns) - len(sweep_fns):]
+                tax_sweep = {str(S): t for S, t in zip(sweep, t_sweep[:len(sweep)])}
+                link_sweep = {str(S): t for S, t in zip(sweep, t_sweep[len(sweep):])}
                 torch.cuda.synchronize()
                 if ag.failed():
                     raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")
@@ -277,14 +287,20 @@ def run_ag(args):
                 print(f"ag-link W={W} {name} m={m} G={G:g}: fused {t_link * 1e3:8.1f} us  max(gemm, gather {t_gather * 1e3:.1f}) "
                       f"{bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} (whole chunks "
                       f"{t_whole * 1e3:.1f} us; pick's order {t_pick * 1e3:.1f} us {cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
+                if sweep:
+                    print(f"ag-slabs W={W} {name} m={m}: S = {' / '.join(tax_sweep)}: tax " + " / ".join(f"{t * 1e3:.1f}" for t in
+                          tax_sweep.values()) + " us, link " + " / ".join(f"{t * 1e3:.1f}" for t in link_sweep.values()) + " us",
+                          flush=True)
                 common = {"op": "ag_gemm", "world": W, "shape": name, "m": m, "n": n, "k": k, "dtype": "bf16", "gemm_ms": t_g,
                           "gpu": gpu, "commit": commit, "date": today}
                 tax_rows.append(common | {"fused_ms": t_tax, "ratio": r_tax, "tile": cfg_tax.tag(), "same_tile_gemm_ms": t_s,
-                                          "slabs": sl_tax, "emulated_link": False, "link_gbps": None})
+                                          "slabs": sl_tax, "emulated_link": False, "link_gbps": None}
+                                | ({"tax_slab_ms": tax_sweep} if sweep else {}))
                 link_rows.append(common | {"fused_ms": t_link, "gather_ms": t_gather, "bound_ms": bound, "ratio": r_link,
                                            "config": cfg_link.tag(), "slabs": sl_link, "whole_chunks_ms": t_whole,
                                            "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(),
-                                           "emulated_link": True, "link_gbps": G, "rel_err": rel})
+                                           "emulated_link": True, "link_gbps": G, "rel_err": rel}
+                                 | ({"link_slab_ms": link_sweep} if sweep else {}))
                 del ag, gath, shard, b, out, full
                 torch.cuda.empty_cache()
     path = Path(args.link_json)
