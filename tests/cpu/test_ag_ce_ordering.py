@@ -403,7 +403,7 @@ def test_ce_path_is_safe_on_random_schedules_at_world_3(fake_cuda, direction, si
     log, _ = fake_cuda
     dev = model(log, direction, 2, world=3, calls=3, sides=sides)
     assert len(dev.streams) == 3 * (1 + sides)
-    got = sample(dev, runs=60, seed=38)
+    got = sample(dev, runs=40, seed=38)
     assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
 
 
