@@ -434,6 +434,8 @@ class AGGemm(CollectiveOp):
     RAWFLUX_AG_COPY, ce). slabs: k-slabs per chunk (1, 2, 4 or 8, dividing k into whole 64-column
     blocks; None: per m, the model's pick, ``op.slabs(m)``): a chunk travels as that many column
     slabs, each with its own flag, so a tile starts on the first slab while the rest is in flight.
+    On "ce" the pick of an eager call also counts the host's driver calls; ``op.capture`` counts
+    the GEMM alone (a graph captured another way: pass slabs=, e.g. rawflux.plan's S).
     Collective: every rank constructs the same op objects in the same order.
     Call it: ``op(a_shard, b, bias=None, out=None, gathered_out=None, return_gathered=False, stream=None)``.
     Tuning: ``op.tune(m)`` (collective), or RAWFLUX_TUNE=on at the first call of each m.
