@@ -417,6 +417,20 @@ class _Fast:
     spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
+    starts: tuple = ()  # world > 1: the call's start and ("sm") copy kernel, packed once (Blocks)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The small kernels of a fast call, their arguments packed once: per call only a_shard's
+    pointer (SRC_OFFSET into both argument structs) is written."""
+
+    local: engine.LaunchBlock
+    copy: engine.LaunchBlock | None  # the "sm" path's copy kernel
+
+
+SRC = struct.Struct("<Q")
+SRC_OFFSET = 8  # AgLocalArgs.src and AgCopyArgs.src: right after group_ctrl
 
 
 # --------------------------------------------------------------------------------------------
@@ -671,8 +685,17 @@ class AGGemm(CollectiveOp):
             meta = self.call_record(self._fields(m_loc, slabs))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
+        starts = ()
+        if self.world > 1:
+            local = engine.LaunchBlock(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc), LOCAL_THREADS, 1, 0,
+                                       (self._local_args(0, src_pitch, m_loc), meta))
+            copy = None
+            if self.copy == "sm":
+                copy = engine.LaunchBlock(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0,
+                                          (self._copy_args(0, src_pitch, m_loc, slabs),))
+            starts = Blocks(local, copy)
         return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, slabs, spans, fastpath.byte_span(m, n, ldc, od.itemsize),
-                     new_out)
+                     new_out, starts)
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
@@ -690,7 +713,7 @@ class AGGemm(CollectiveOp):
                 f.bound.launch(s)
             else:
                 with self._device():
-                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs)
+                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs, f.starts)
         return out
 
     def _call(self, c: Call, return_gathered: bool):
@@ -756,8 +779,10 @@ class AGGemm(CollectiveOp):
         gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs)
         self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs)
 
-    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int) -> None:
-        """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check."""
+    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int,
+               blocks: Blocks | tuple = ()) -> None:
+        """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check;
+        ``blocks``: the fast path's packed start and copy kernel (else packed here)."""
         from cupy.cuda import runtime
 
         chunk = self.chunk_bytes(m_loc)
@@ -767,7 +792,11 @@ class AGGemm(CollectiveOp):
         for st in self._schedules[slabs]:
             kind = st.kind
             if kind == "local":
-                self._launch_local(s, a_ptr, src_pitch, m_loc, record)
+                if blocks:
+                    blocks.local.write(0, SRC.pack(a_ptr), SRC_OFFSET)
+                    blocks.local.launch(s)
+                else:
+                    self._launch_local(s, a_ptr, src_pitch, m_loc, record)
             elif kind == "barrier":
                 self.barrier(s)
             elif kind == "fork":
@@ -790,7 +819,11 @@ class AGGemm(CollectiveOp):
                 runtime.memcpyAsync(sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * ready_index(st.chunk, st.slab), self.epoch_ptr, 4,
                                     runtime.memcpyDefault, sides[st.side])
             elif kind == "sm_copy":
-                self._launch_copy(s, a_ptr, src_pitch, m_loc, slabs)
+                if blocks:
+                    blocks.copy.write(0, SRC.pack(a_ptr), SRC_OFFSET)
+                    blocks.copy.launch(s)
+                else:
+                    self._launch_copy(s, a_ptr, src_pitch, m_loc, slabs)
             elif kind == "gemm":
                 launch_gemm()
             elif kind == "check":
@@ -801,22 +834,26 @@ class AGGemm(CollectiveOp):
                 raise AssertionError(kind)
 
     # --- launches ---------------------------------------------------------------------------------
-    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, record: bytes, flags: int | None = None) -> None:
-        row_vecs = self.row_bytes // 16
-        vecs = m_loc * row_vecs
-        grid = max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
+    def _local_grid(self, m_loc: int) -> int:
+        vecs = m_loc * (self.row_bytes // 16)
+        return max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
+
+    def _local_args(self, src: int, src_pitch: int, m_loc: int, flags: int | None = None) -> bytes:
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
-        if flags is None:
-            flags = self._local_flags
-        args = AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc, row_vecs,
-                                  flags, 0)
+        return AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc,
+                                  self.row_bytes // 16, self._local_flags if flags is None else flags, 0)
+
+    def _copy_args(self, src: int, src_pitch: int, m_loc: int, slabs: int) -> bytes:
+        return AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,
+                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], slabs)
+
+    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, record: bytes, flags: int | None = None) -> None:
         # the engine's lean path (launch config cached, one argument block per thread)
-        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), grid, LOCAL_THREADS, 1, 0, s, (args, record))
+        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc), LOCAL_THREADS, 1, 0, s,
+                      (self._local_args(src, src_pitch, m_loc, flags), record))
 
     def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int, slabs: int = 1) -> None:
-        args = AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,
-                                 int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], slabs)
-        engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (args,))
+        engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (self._copy_args(src, src_pitch, m_loc, slabs),))
 
     def _launch_check(self, s: int) -> None:
         engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, self._check_args)

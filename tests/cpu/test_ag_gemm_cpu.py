@@ -232,6 +232,9 @@ def _layout_asserts() -> str:
         f'static_assert(kStateCallMismatch == {C.STATE_CALL_MISMATCH}, "mismatch state");',
         f'static_assert(kAgPush == {A.DIRECTIONS["push"]} && kAgPull == {A.DIRECTIONS["pull"]}, "directions");',
         f'static_assert(kOpAgGemm == {OP_AG_GEMM}, "op id");',
+        # the fast path patches a_shard's pointer into packed argument blocks at SRC_OFFSET
+        f'static_assert(__builtin_offsetof(AgLocalArgs, src) == {A.SRC_OFFSET} && '
+        f'__builtin_offsetof(AgCopyArgs, src) == {A.SRC_OFFSET} && sizeof(u64) == {A.SRC.size}, "fast path src");',
         "}  // namespace rawflux",
         "__global__ void ag_layout_probe() {}",
     ]
@@ -826,6 +829,7 @@ def test_capture_plans_its_calls_without_host_time(fake_cuda, monkeypatch):
     from tests.fake_arrays import FakeCupy, at
 
     monkeypatch.setattr(P, "LaunchBlock", _Block)
+    monkeypatch.setattr(A.engine, "LaunchBlock", _Block)
     a, b, out = FakeCupy((m // world, k), ptr=at(0)), FakeCupy((n, k), ptr=at(2)), FakeCupy((m, n), ptr=at(1))
     checked = []
     real = A.check_call

@@ -164,14 +164,18 @@ class _Block:
 
     def __init__(self, kernel, grid, threads, cluster, smem, args=(), pdl=False, log=None):
         self.kernel, self.grid, self.pdl, self.slots = kernel, grid, pdl, [None] * 6
+        for slot, raw in enumerate(args):
+            self.write(slot, raw)
 
     def write(self, slot, raw, offset=0):
-        assert offset == 0
+        if offset:  # a patch inside packed bytes (ag_gemm's a_shard pointer)
+            old = self.slots[slot]
+            raw = old[:offset] + raw + old[offset + len(raw):]
         self.slots[slot] = raw
 
     def launch(self, stream):
-        self.kernel.log.append(("launch", self.kernel.name.split("::")[-1], stream, self.grid, tuple(self.slots))
-                               + (("pdl",) if self.pdl else ()))
+        self.kernel.log.append(("launch", self.kernel.name.split("::")[-1], stream, self.grid,
+                                tuple(x for x in self.slots if x is not None)) + (("pdl",) if self.pdl else ()))
 
 
 @pytest.mark.parametrize("direction,copy", [("push", "ce"), ("pull", "sm")])
@@ -179,6 +183,7 @@ def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch,
     from rawflux.engine import planning as P
 
     monkeypatch.setattr(P, "LaunchBlock", _Block)
+    monkeypatch.setattr(A.engine, "LaunchBlock", _Block)
     log, _ = fake_cuda
     n_checked = {"n": 0}
     real = A.check_call
@@ -205,6 +210,7 @@ def test_ag_gemm_functional_form_reuses_its_op(fake_cuda, monkeypatch):  # noqa:
     from rawflux.engine import planning as P
 
     monkeypatch.setattr(P, "LaunchBlock", _Block)
+    monkeypatch.setattr(A.engine, "LaunchBlock", _Block)
     log, _ = fake_cuda
     group = OpGroup(1, 4, log)
     a, b, out = FakeCupy((64, 128), ptr=at(0)), FakeCupy((64, 128), ptr=at(1)), FakeCupy((256, 64), ptr=at(2))
