@@ -530,6 +530,7 @@ class AGGemm(CollectiveOp):
             # per-op constants of every call: its steps (per slab count), the start kernel's flags, the check's arguments
             self._sides = max(1, sides)
             self._schedules = {s: tuple(schedule(direction, copy, self.rank, world, self._sides, s)) for s in SLAB_CHOICES}
+            self._programs: dict[tuple, tuple] = {}  # _program()'s, per (slabs, m_loc, src_pitch)
             self._local_flags = (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if copy == "ce" else 0)
             self._check_args = (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr))  # one per parameter
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
@@ -785,12 +786,9 @@ class AGGemm(CollectiveOp):
         ``blocks``: the fast path's packed start and copy kernel (else packed here)."""
         from cupy.cuda import runtime
 
-        chunk = self.chunk_bytes(m_loc)
-        slab_bytes = self.row_bytes // slabs  # one slab's columns of a row
-        gath, sync = self._gath, self._sync
+        kinds, copies = self._program(slabs, m_loc, src_pitch)
         sides: list[int] = []
-        for st in self._schedules[slabs]:
-            kind = st.kind
+        for kind in kinds:
             if kind == "local":
                 if blocks:
                     blocks.local.write(0, SRC.pack(a_ptr), SRC_OFFSET)
@@ -801,23 +799,15 @@ class AGGemm(CollectiveOp):
                 self.barrier(s)
             elif kind == "fork":
                 sides = self.fork(s)
-            elif kind == "copy":
-                col = st.slab * slab_bytes
-                dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk + col
-                if st.src == "shard":
-                    runtime.memcpy2DAsync(dst, self.row_bytes, a_ptr + col, src_pitch, slab_bytes, m_loc,
-                                          runtime.memcpyDefault, sides[st.side])
-                elif slabs > 1:
-                    runtime.memcpy2DAsync(dst, self.row_bytes, gath.peer_ptrs[st.src_rank] + st.chunk * chunk + col, self.row_bytes,
-                                          slab_bytes, m_loc, runtime.memcpyDefault, sides[st.side])
-                else:
-                    runtime.memcpyAsync(dst, gath.peer_ptrs[st.src_rank] + st.chunk * chunk, chunk, runtime.memcpyDefault,
-                                        sides[st.side])
-            elif kind == "flag":
-                # The flag = this call's epoch, copied from device memory after the data copy on
-                # the same stream (stream order: the data is complete before the flag lands).
-                runtime.memcpyAsync(sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * ready_index(st.chunk, st.slab), self.epoch_ptr, 4,
-                                    runtime.memcpyDefault, sides[st.side])
+            elif kind == "copies":
+                # A flag = this call's epoch, copied from device memory after its data copy on the
+                # same stream (stream order: the data is complete before the flag lands).
+                row, default = self.row_bytes, runtime.memcpyDefault
+                for shard, dst, src, spitch, width, rows, side in copies:
+                    if rows:  # 2-D: a k-slab's columns of m_loc rows (from a_shard at offset src, or a peer's buffer)
+                        runtime.memcpy2DAsync(dst, row, a_ptr + src if shard else src, spitch, width, rows, default, sides[side])
+                    else:  # 1-D: a whole chunk between gathered buffers, or a flag
+                        runtime.memcpyAsync(dst, src, width, default, sides[side])
             elif kind == "sm_copy":
                 if blocks:
                     blocks.copy.write(0, SRC.pack(a_ptr), SRC_OFFSET)
@@ -830,8 +820,45 @@ class AGGemm(CollectiveOp):
                 self._launch_check(sides[0])
             elif kind == "join":
                 self.join(s)
-            else:  # pragma: no cover - schedule() only makes the kinds above
+            else:  # pragma: no cover - _program() only makes the kinds above
                 raise AssertionError(kind)
+
+    def _program(self, slabs: int, m_loc: int, src_pitch: int) -> tuple[tuple[str, ...], tuple[tuple, ...]]:
+        """The call's schedule() as run: its step kinds, each run of copy and flag steps folded into
+        one "copies" kind, and those copies' arguments (shard, dst, src, src pitch, bytes a row,
+        rows (0: one 1-D copy), side stream), computed once per (slabs, m_loc, src_pitch)."""
+        key = (slabs, m_loc, src_pitch)
+        got = self._programs.get(key)
+        if got is not None:
+            return got
+        chunk = self.chunk_bytes(m_loc)
+        slab_bytes = self.row_bytes // slabs  # one slab's columns of a row
+        gath, sync = self._gath, self._sync
+        kinds: list[str] = []
+        copies: list[tuple] = []
+        for st in self._schedules[slabs]:
+            if st.kind not in ("copy", "flag"):
+                kinds.append(st.kind)
+                continue
+            if not kinds or kinds[-1] != "copies":
+                kinds.append("copies")
+            col = st.slab * slab_bytes
+            if st.kind == "flag":
+                dst = sync.peer_ptrs[st.dst_rank] + READY_OFFSET + 4 * ready_index(st.chunk, st.slab)
+                copies.append((False, dst, self.epoch_ptr, 0, 4, 0, st.side))
+                continue
+            dst = gath.peer_ptrs[st.dst_rank] + st.chunk * chunk + col
+            if st.src == "shard":
+                copies.append((True, dst, col, src_pitch, slab_bytes, m_loc, st.side))
+            elif slabs > 1:
+                src = gath.peer_ptrs[st.src_rank] + st.chunk * chunk + col
+                copies.append((False, dst, src, self.row_bytes, slab_bytes, m_loc, st.side))
+            else:
+                copies.append((False, dst, gath.peer_ptrs[st.src_rank] + st.chunk * chunk, 0, chunk, 0, st.side))
+        if len(self._programs) > 256:
+            self._programs.clear()
+        got = self._programs[key] = (tuple(kinds), tuple(copies))
+        return got
 
     # --- launches ---------------------------------------------------------------------------------
     def _local_grid(self, m_loc: int) -> int:

@@ -178,8 +178,9 @@ class _Block:
                                 tuple(x for x in self.slots if x is not None)) + (("pdl",) if self.pdl else ()))
 
 
-@pytest.mark.parametrize("direction,copy", [("push", "ce"), ("pull", "sm")])
-def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch, direction, copy):  # noqa: F811
+@pytest.mark.parametrize("direction,copy,slabs", [("push", "ce", 1), ("pull", "sm", 1), ("push", "ce", 2), ("pull", "ce", 2),
+                                                   ("push", "sm", 2)])
+def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch, direction, copy, slabs):  # noqa: F811
     from rawflux.engine import planning as P
 
     monkeypatch.setattr(P, "LaunchBlock", _Block)
@@ -189,7 +190,7 @@ def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch,
     real = A.check_call
     monkeypatch.setattr(A, "check_call", lambda *a, **k: n_checked.__setitem__("n", n_checked["n"] + 1) or real(*a, **k))
     rank, world, m_loc, n, k = 1, 4, 100, 64, 128
-    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy)
+    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy, slabs=slabs)
 
     def call(i):
         a, b, out = FakeCupy((m_loc, k), ptr=at(3 * i)), FakeCupy((n, k), ptr=at(3 * i + 1)), FakeCupy((m_loc * world, n), ptr=at(3 * i + 2))
