@@ -271,9 +271,9 @@ def run_ag(args):
                 times = bench_many(fns, nsets, args.reps)
                 t_tax, t_link, t_pick, t_g, t_s = times[:5]
                 t_whole = times[5] if sl_link > 1 else t_link
-                t_sweep = times[len(fns) - len(sweep_fns):]
-                tax_sweep = {str(S): t for S, t in zip(sweep, t_sweep[:len(sweep)])}
-                link_sweep = {str(S): t for S, t in zip(sweep, t_sweep[len(sweep):])}
+                n0 = len(fns) - len(sweep_fns)  # the sweep's times: the tax's per S, then the link's
+                tax_sweep = dict(zip(map(str, sweep), times[n0:n0 + len(sweep)]))
+                link_sweep = dict(zip(map(str, sweep), times[n0 + len(sweep):]))
                 torch.cuda.synchronize()
                 if ag.failed():
                     raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")

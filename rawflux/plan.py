@@ -389,11 +389,8 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     t_chunk = arr[(rank + 1) % world]
     t_gather = (world - 1) * t_chunk
     unit_us = t_fused / waves
-    if slabs == 1:
-        need = ag_order.unit_need_us(order, t, m, world, arr)
-    else:
-        need = ag_order.slab_need_us(order, t, m, world, ag_order.slab_arrival_us(world, rank, m_loc, k, item, link_gbps, slabs), unit_us)
-    sim = ag_order.simulate(need, g, unit_us)
+    sim = ag_order.simulate_slabs(order, t, m, k, world, rank, item, link_gbps, slabs, g, unit_us)
+    need = sim.need
     w_units, w_steps, w_need, w_wait = [], [], [], []
     for w in range(waves):
         us = range(w * g, min((w + 1) * g, len(order)))

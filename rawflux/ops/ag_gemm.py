@@ -417,7 +417,7 @@ class _Fast:
     spans: tuple[int, int, int]  # bytes covered by a_shard, b, bias
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
-    starts: tuple = ()  # world > 1: the call's start and ("sm") copy kernel, packed once (Blocks)
+    starts: Blocks | None = None  # world > 1: the call's start and ("sm") copy kernel, packed once
 
 
 @dataclass(frozen=True)
@@ -686,7 +686,7 @@ class AGGemm(CollectiveOp):
             meta = self.call_record(self._fields(m_loc, slabs))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
-        starts = ()
+        starts = None
         if self.world > 1:
             local = engine.LaunchBlock(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc), LOCAL_THREADS, 1, 0,
                                        (self._local_args(0, src_pitch, m_loc), meta))
@@ -781,7 +781,7 @@ class AGGemm(CollectiveOp):
         self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs)
 
     def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int,
-               blocks: Blocks | tuple = ()) -> None:
+               blocks: Blocks | None = None) -> None:
         """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check;
         ``blocks``: the fast path's packed start and copy kernel (else packed here)."""
         from cupy.cuda import runtime
@@ -790,7 +790,7 @@ class AGGemm(CollectiveOp):
         sides: list[int] = []
         for kind in kinds:
             if kind == "local":
-                if blocks:
+                if blocks is not None:
                     blocks.local.write(0, SRC.pack(a_ptr), SRC_OFFSET)
                     blocks.local.launch(s)
                 else:
@@ -809,7 +809,7 @@ class AGGemm(CollectiveOp):
                     else:  # 1-D: a whole chunk between gathered buffers, or a flag
                         runtime.memcpyAsync(dst, src, width, default, sides[side])
             elif kind == "sm_copy":
-                if blocks:
+                if blocks is not None:
                     blocks.copy.write(0, SRC.pack(a_ptr), SRC_OFFSET)
                     blocks.copy.launch(s)
                 else:

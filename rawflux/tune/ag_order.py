@@ -28,7 +28,7 @@ from .configs import TileConfig
 from .plans import raster
 
 __all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "rotation", "row_shift",
-           "pick_slabs", "simulate", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span", "SLAB_CHOICES", "SLAB_GAIN"]
+           "pick_slabs", "simulate", "simulate_slabs", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span", "SLAB_CHOICES", "SLAB_GAIN"]
 
 SLAB_CHOICES = (1, 2, 4, 8)  # k-slabs per chunk a call may use (kAgMaxSlabs = 8 in fused/ag_gemm.cuh)
 SLAB_GAIN = 0.97  # S > 1 only where the model's GEMM ends this much earlier than with whole chunks
@@ -148,6 +148,7 @@ class AgSim:
     start: list  # per unit: max(free, the latest chunk it needs)
     end: list  # per unit: start + the unit's time
     gemm_end: float  # the last cluster's end
+    need: list  # per unit: the earliest start its chunks (slabs) allow, as simulate() took it
 
     def wait(self, u: int) -> float:
         return self.start[u] - self.free[u]
@@ -163,7 +164,18 @@ def simulate(need, clusters: int, unit_us: float) -> AgSim:
             free[u] = t
             start[u] = max(t, need[u])
             t = end[u] = start[u] + unit_us
-    return AgSim(free, start, end, max(end, default=0.0))
+    return AgSim(free, start, end, max(end, default=0.0), list(need))
+
+
+def simulate_slabs(units, tile: TileConfig, m: int, k: int, world: int, rank: int, itemsize: int, gbps: float, slabs: int,
+                   clusters: int, unit_us: float) -> AgSim:
+    """simulate() of rank's units with chunks sent in ``slabs`` k-slabs (1: whole chunks, where
+    slab_need_us is unit_need_us of arrival_us)."""
+    if slabs == 1:
+        need = unit_need_us(units, tile, m, world, arrival_us(world, rank, m // world, k, itemsize, gbps))
+    else:
+        need = slab_need_us(units, tile, m, world, slab_arrival_us(world, rank, m // world, k, itemsize, gbps, slabs), unit_us)
+    return simulate(need, clusters, unit_us)
 
 
 def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: int, gbps: float, clusters: int, unit_us: float,
@@ -174,13 +186,8 @@ def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: in
     us to issue one call: the copy-engine path's driver calls grow with S) the longer of the two,
     as back-to-back calls run. The model counts no device cost per slab (flags, waits). Rank 0's
     view: every rank's arrivals are the same pattern rotated, and the call record compares S."""
-    m_local = m // world
-    ends = {1: simulate(unit_need_us(units, tile, m, world, arrival_us(world, 0, m_local, k, itemsize, gbps)), clusters,
-                        unit_us).gemm_end}
-    for s in SLAB_CHOICES[1:]:
-        if k % (s * bk) == 0:
-            arr = slab_arrival_us(world, 0, m_local, k, itemsize, gbps, s)
-            ends[s] = simulate(slab_need_us(units, tile, m, world, arr, unit_us), clusters, unit_us).gemm_end
+    ends = {s: simulate_slabs(units, tile, m, k, world, 0, itemsize, gbps, s, clusters, unit_us).gemm_end
+            for s in SLAB_CHOICES if k % (s * bk) == 0}
     if issue_us is not None:
         ends = {x: max(t, issue_us(x)) for x, t in ends.items()}
     best = min(ends.values())

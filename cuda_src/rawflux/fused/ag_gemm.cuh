@@ -28,7 +28,8 @@
 // Flags hold the op's epoch e (calls of this op object, counted on the device): ready[q][j] = the
 // last call whose slab j of chunk q landed in this rank's gathered buffer (j = 0: the whole chunk
 // without slabs), arrive[q] = the last call rank q started. Epochs only grow, so flags are never
-// reset, and a stale flag (< e) never satisfies a wait. The copy engine sets a flag by copying the epoch word after the data on the same stream.
+// reset, and a stale flag (< e) never satisfies a wait. The copy engine sets a flag by copying the
+// epoch word after the data on the same stream.
 #pragma once
 
 #include "rawflux/comm/ctrl.cuh"
@@ -306,7 +307,7 @@ RAWFLUX_DEVICE void ag_check_records(const GroupCtrl* g, u64 sync, u32 e) {
 // block's last part sets its flag.
 
 enum : int { kAgPush = 0, kAgPull = 1 };
-enum : int { kPartsPerCta = 4 };  // parts per chunk = kPartsPerCta x CTAs: claims balance the load
+enum : int { kPartsPerCta = 4 };  // parts per chunk ~ kPartsPerCta x CTAs (ag_block_parts): claims balance the load
 
 // Parts per (slab, chunk) block: kPartsPerCta x CTAs per chunk, spread over its slabs, and at
 // least one per CTA.
