@@ -373,7 +373,7 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     item = dt.itemsize  # the output is in the input's type
     best = tune.heuristic(m, n, k, "nk", dev, item)
     base = best if tile is None else replace(best, tile=_ag_tile(tile) if isinstance(tile, str) else tile)
-    cfg = fused_config(base, m, world, dev.sms)  # the copy engine reserves no SM between GPUs
+    cfg = fused_config(base, m, world, dev.sms, rank=rank, n=n, k=k, dev=dev, out_bytes=item)  # the copy engine reserves no SM between GPUs
     t = cfg.tile
     if t.cluster_size > dev.sms:
         raise ValueError(f"tile {t.tag()} needs clusters of {t.cluster_size} CTAs, more than the {dev.sms} SMs")

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import engine
+from .. import engine, tune
 from ..dist.layout import MAX_WORLD
 from ..jit import register
 from ..ops import ag_gemm as A
@@ -119,7 +119,8 @@ class AgLocal:
         """The fused configuration of calls of m (fused_config over rawflux.gemm's pick, or over
         ``base``); behind the emulator on one SM fewer."""
         op = self.op
-        return A.fused_config(op._default(m) if base is None else base, m, self.world, op.sms - 1 if link else 0)
+        return A.fused_config(op._default(m) if base is None else base, m, self.world, op.sms - 1 if link else 0, rank=self.rank,
+                              n=op.n, k=op.k, dev=tune.device_info(0), out_bytes=op.out_dtype.itemsize)
 
     def slabs(self, m: int, cfg) -> int:
         """The op's k-slabs for calls of m on configuration cfg, as the device alone picks them

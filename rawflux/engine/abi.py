@@ -28,7 +28,8 @@ BIAS_NONE, BIAS_IN16, BIAS_F32 = 0, 1, 2
 
 # Policies (gemm_kernel's template arguments).
 PLAIN_SCHED = "rawflux::StreamKSched"  # the plain GEMM's: data-parallel, split-K and the stream-K plans
-FUSED_SCHED = "rawflux::TileSched"  # the fused ops': data-parallel (their epilogue hooks run per whole tile)
+FUSED_SCHED = "rawflux::TileSched"  # GEMM-RS's and GEMM + AllReduce's: data-parallel (their epilogue hooks run per whole tile)
+NARROW_SCHED_PREFIX = "rawflux::NarrowSched<"
 NOWAIT = "rawflux::NoWait"
 LOCAL_STORE_EPI = "rawflux::LocalStore"
 TMA_STORE_EPI = "rawflux::TmaStore"
@@ -65,7 +66,7 @@ _BOX_BYTES = 64 * 128  # TmaStore's staging box: 64 rows x 64 16-bit columns
 
 def narrow_sched(width: int) -> str:
     """The plain GEMM's scheduler with narrow columns `width` wide (Decomp narrow)."""
-    return f"rawflux::NarrowSched<{width}>"
+    return f"{NARROW_SCHED_PREFIX}{width}>"
 
 
 def plain_epilogue(out_dtype: DType) -> str:
@@ -91,7 +92,7 @@ def scratch_offset(tile: TileConfig) -> int:
     return tile.stages * (tile.bm + tile.bn) * tune.BK * 2 + 1024
 
 
-def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType) -> KernelOptions:
+def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType, *, narrow: bool = False) -> KernelOptions:
     """The options the engine compiles each variant with (measured on the H200, docs/decisions.md):
     - refill for the wide tiles (a k block of at least 128 x 224, whose tensor time covers the
       refill's one-block delay), without multicast or in the 2x1 pair, under a prologue that allows it
@@ -100,7 +101,8 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
       holds, at most 2 and at most a fragment's;
     - one deferred box where ptxas has room beside the accumulators: at most 128 of them, 128 only
       in a 2-CTA cluster, not with a k-split cluster, and not beside the refill at 128 (the two
-      together spill)."""
+      together spill), and not with narrow columns (``narrow``: their wgmma groups are waited for in
+      their own branch)."""
     wide = tile.bm * tile.bn >= 128 * 224
     pair_or_none = tile.cluster_m * tile.cluster_n == 1 or (tile.cluster_m, tile.cluster_n) == (2, 1)
     ep = epilogue_traits(epilogue)
@@ -113,12 +115,13 @@ def kernel_options(tile: TileConfig, prologue: str, epilogue: str, out_dtype: DT
             bufs -= 1
     acc = tile.wn // 2
     defer = 0
-    if bufs and ep.deferrable and acc <= 128 and tile.cluster_k == 1 and not (acc == 128 and (tile.cluster_size != 2 or refill)):
+    if (bufs and ep.deferrable and acc <= 128 and tile.cluster_k == 1 and not narrow
+            and not (acc == 128 and (tile.cluster_size != 2 or refill))):
         defer = 1
     return KernelOptions(refill, defer, bufs)
 
 
-def check_options(opts: KernelOptions, tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType) -> None:
+def check_options(opts: KernelOptions, tile: TileConfig, prologue: str, epilogue: str, out_dtype: DType, *, narrow: bool = False) -> None:
     """Raises ValueError where GemmCfg's static_asserts would reject `opts` (before any compile)."""
     where = f"tile {tile.tag()} with {prologue} / {epilogue}"
     ep = epilogue_traits(epilogue)
@@ -135,12 +138,14 @@ def check_options(opts: KernelOptions, tile: TileConfig, prologue: str, epilogue
     if opts.defer_boxes and (not ep.deferrable or not opts.store_bufs or opts.defer_boxes > tile.wn // 64
                              or tile.cluster_k > 1):
         raise ValueError(f"{where}: deferred boxes are staged boxes of the fragment, not in a k-split cluster")
+    if opts.defer_boxes and narrow:
+        raise ValueError(f"{where}: narrow columns wait for each wgmma group in their own branch: no deferred box")
 
 
 def kernel_name(tile: TileConfig, dtype: DType, out_dtype: DType, b_layout: str, *, sched: str = FUSED_SCHED,
                 prologue: str = NOWAIT, epilogue: str = LOCAL_STORE_EPI, options: KernelOptions | None = None) -> str:
     """The NVRTC name expression of one gemm_kernel instantiation (options: kernel_options's)."""
-    o = options or kernel_options(tile, prologue, epilogue, out_dtype)
+    o = options or kernel_options(tile, prologue, epilogue, out_dtype, narrow=sched.startswith(NARROW_SCHED_PREFIX))
     cfg = (f"rawflux::GemmCfg<{tile.bm},{tile.bn},{tune.BK},{tile.stages},{tile.cluster_m},{tile.cluster_n},{tile.consumers},"
            f"{TYPE_CODE[dtype]},{TYPE_CODE[out_dtype]},{LAYOUT_CODE[b_layout]},{tile.cluster_k},{int(o.refill)},{o.defer_boxes},"
            f"{o.store_bufs}>")

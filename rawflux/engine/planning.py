@@ -40,8 +40,14 @@ def check_arch(device_id: int) -> tune.DeviceInfo:
 
 def pack_params(cfg: GemmConfig, m: int, n: int, k: int, work: WorkPlan, *, seg_count: int = 1, seg_start: int = 0,
                 workspace: int = 0, counters: int = 0, timeout_ns: int | None = None) -> bytes:
-    """GemmParams of one launch of cfg on (m, n, k) with work plan `work` (tune.work_plan)."""
+    """GemmParams of one launch of cfg on (m, n, k) with work plan `work` (tune.work_plan). The
+    order's rotation is cfg.rotate (cluster tile rows), or (seg_count, seg_start) as TileSchedT
+    reads them: a config's rotation is one-row segments starting at its row."""
     t = cfg.tile
+    if cfg.rotate:
+        if seg_count > 1:
+            raise ValueError(f"config {cfg.tag()} rotates its order itself: pass no seg_count / seg_start")
+        seg_count, seg_start = m, cfg.rotate * t.bm * t.cluster_m
     if timeout_ns is None:
         timeout_ns = int(env.wait_timeout_s() * 1e9)
     return GEMM_PARAMS.pack(
@@ -75,6 +81,9 @@ def check_config(cfg: GemmConfig, m: int, n: int, k: int, *, sched: str, b_layou
         raise ValueError(f"config {cfg.tag()}: narrow columns are for the plain GEMM on "
                          f"{', '.join(x.tag() for x in tune.NARROW_TILES)}, data-parallel (splits = 1, no stream-K), "
                          f"B as (n, k) and a 16-bit output")
+    rows = -(-m // (t.bm * t.cluster_m))
+    if not 0 <= cfg.rotate < rows:
+        raise ValueError(f"config {cfg.tag()}: the order's rotation is a cluster tile row, 0 <= rotate < {rows} at m = {m}")
     if cfg.stream_k and not t.stream_k_ok:
         raise ValueError(f"config {cfg.tag()}: stream-K takes splits = 1 and a tile with at most 256 columns per "
                          f"consumer warpgroup (tile {t.tag()} has {t.wn})")
@@ -203,8 +212,8 @@ def plan(cfg: GemmConfig, m: int, n: int, k: int, *, dtype: DType, b_layout: str
     info = check_arch(device_id)
     check_config(cfg, m, n, k, sched=sched, b_layout=b_layout, out_dtype=out_dtype, epilogue=epilogue, sms=info.sms)
     if options is not None:
-        check_options(options, t, prologue, epilogue, out_dtype)
-    opts = options or kernel_options(t, prologue, epilogue, out_dtype)
+        check_options(options, t, prologue, epilogue, out_dtype, narrow=bool(cfg.narrow))
+    opts = options or kernel_options(t, prologue, epilogue, out_dtype, narrow=bool(cfg.narrow))
     work = tune.work_plan(m, n, k, cfg, info.sms)
     ws = ctr = 0
     if work.splits > 1:

@@ -20,7 +20,8 @@ numbers its calls on the device (its epoch e) and every flag carries e.
       shard -> own rows of the gathered buffer. Then the GEMM, whose TMA producer waits (bounded,
       ld.acquire.sys) only for the chunks a tile's rows touch, chunk-major: row segments r, r+1,
       ... (own rows first, then in arrival order), its raster groups never spanning two chunks
-      (fused_config), a row shared with chunk r-1 last (rotation). The copies: for q = r-1, r-2,
+      (fused_config), a row shared with chunk r-1 last (rotation); the plain GEMM's scheduler and
+      decompositions (split tail, bands, narrow columns) where the model has them paying. The copies: for q = r-1, r-2,
       ...: once q has arrived at call e (its GEMM of e - 1, the last reader of its buffer, has
       ended), copy the shard into q's rows [r*m/W, (r+1)*m/W) (a permutation per step: no two
       ranks write one peer at once; chunk r+1 reaches rank r first), then set q's ready[r] = e.
@@ -79,7 +80,7 @@ from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
-from ..tune.ag_order import SLAB_CHOICES, ag_units, chunk_span, pick_slabs, rotation
+from ..tune.ag_order import SLAB_CHOICES, ag_units, chunk_span, pick_slabs, rotation, row_shift
 from .gemm import gemm
 from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
@@ -88,7 +89,10 @@ __all__ = ["AGGemm", "ag_gemm", "cached_op", "clear_cache", "shared_op", "schedu
 
 KERNEL_FILE = "ag_gemm.cu"
 PROLOGUE = "rawflux::AgWait"
-SCHED = engine.FUSED_SCHED
+# The GEMM's scheduler per B layout: with B (n, k) the plain GEMM's (split-K, stream-K, split tail,
+# bands; narrow columns: engine.plan picks NarrowSched); with B (k, n) data-parallel only: the
+# stream-K scheduler's state spills 4 B in the k-slab producer of the kn 2x1 pair tiles.
+SCHEDS = {"nk": engine.PLAIN_SCHED, "kn": engine.FUSED_SCHED}
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
 CHECK_KERNEL = "rawflux::ag_check_kernel"
@@ -130,7 +134,12 @@ def ready_index(chunk: int, slab: int = 0) -> int:
     return chunk * MAX_SLABS + slab
 
 # Every variant a call can launch (python -m rawflux.check_kernels compiles them on the CPU).
-engine.register_variants(KERNEL_FILE, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES)
+for _layout, _sched in SCHEDS.items():
+    engine.register_variants(KERNEL_FILE, sched=_sched, prologue=PROLOGUE, epilogue=engine.plain_epilogue, dtypes=DTYPES, layouts=(_layout,))
+for _w in tune.NARROW_WIDTHS:  # narrow columns, as the plain GEMM has them: its 128x256 pair, B (n, k), 16-bit C
+    for _dt in DTYPES:
+        engine.register_variants(KERNEL_FILE, sched=engine.narrow_sched(_w), prologue=PROLOGUE, epilogue=engine.TMA_STORE_EPI,
+                                 tiles=tune.NARROW_TILES, dtypes=(_dt,), layouts=("nk",), out_dtypes=(_dt,))
 register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, CHECK_KERNEL, archs=("sm_90a",))
@@ -179,13 +188,31 @@ def chunk_group(m_local: int, tile, group: int) -> int:
     return max(d for d in range(1, min(group, rows) + 1) if rows % d == 0)
 
 
-def fused_config(base: GemmConfig, m: int, world: int, ctas: int) -> GemmConfig:
-    """A GEMM configuration as the fused call runs it: data-parallel on ``ctas`` CTAs (0: every
-    SM), a k-split pair replaced by its tile without the pair (k-split is split-K, compiled for the
-    plain GEMM only), and chunk-major (raster along n in groups of chunk_group rows)."""
+def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, n: int, k: int, dev, out_bytes: int = 2,
+                 b_layout: str = "nk") -> GemmConfig:
+    """A GEMM configuration as the fused call of rank ``rank`` runs it on (m, n, k): on ``ctas``
+    CTAs (0: every SM of ``dev``), chunk-major (raster along n in groups of chunk_group rows), the
+    order rotated to start at the rank's own chunk (GemmConfig.rotate: tune.ag_order.row_shift), a
+    k-split pair replaced by its tile without the pair (k-split clusters are compiled for the plain
+    GEMM only), and the base's decomposition (split-K, stream-K, split tail, bands, narrow columns;
+    split-K k2 for a k-split pair) kept where its plan still runs on this order and grid and the
+    model (tune.estimate_us) has it faster than data-parallel, else data-parallel (always with B
+    (k, n): SCHEDS).
+    rawflux.gemm with the result on the gathered A computes bitwise what the fused call does."""
     tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
     group = chunk_group(m // world, tile, max(1, base.group))
-    return replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas)
+    rotate = row_shift(m, world, rank, tile) if world > 1 else 0
+    dp = replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas, rotate=rotate)
+    decomp = base.decomp if base.tile.cluster_k == 1 else tune.Decomp.split_k(2)
+    if (decomp.kind == "dp" or SCHEDS[b_layout] != engine.PLAIN_SCHED or (decomp.kind in ("stream_k", "tail", "band") and not tile.stream_k_ok)
+            or (decomp.kind == "narrow" and tile not in tune.NARROW_TILES)):
+        return dp
+    cand = replace(dp, decomp=decomp)
+    try:
+        tune.work_plan(m, n, k, cand, dev.sms)
+    except ValueError:  # e.g. no narrow-column plan beats the data-parallel grid in this order
+        return dp
+    return cand if tune.estimate_us(m, n, k, cand, dev, out_bytes) < tune.estimate_us(m, n, k, dp, dev, out_bytes) else dp
 
 
 def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsize: int, gbps: float = LINK_GBPS,
@@ -552,8 +579,9 @@ class AGGemm(CollectiveOp):
 
     # --- configuration ----------------------------------------------------------------------------
     def config(self, m: int) -> GemmConfig:
-        """The GEMM configuration a call with m rows uses (split-K and k-split clusters off; on the
-        "sm" path the GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
+        """The GEMM configuration a call with m rows uses (fused_config of the stored or default
+        pick: k-split clusters off, the order rotated to this rank's chunk; on the "sm" path the
+        GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
         rawflux.gemm(..., config=this) on the gathered A computes bitwise the same output."""
         cfg = self._cfgs.get(m)
         if cfg is None:
@@ -590,9 +618,27 @@ class AGGemm(CollectiveOp):
                                                 self.dtype.itemsize, issue_us=issue, out_bytes=self.out_dtype.itemsize)
         return got
 
+    def _given(self, config: GemmConfig, m: int) -> GemmConfig:
+        """A caller's configuration as calls of m run it: its tile, group and decomposition (a
+        k-split pair: its tile without the pair, split-K 2; data-parallel with B (k, n): SCHEDS),
+        the op's rotation, and on the "sm" path the copy kernel's SMs left free (hazard 1).
+        Checked here, before the call issues anything."""
+        ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
+        tile = config.tile if config.tile.cluster_k == 1 else tune.ksplit_base(config.tile)
+        decomp = config.decomp if config.tile.cluster_k == 1 else tune.Decomp.split_k(2)
+        if SCHEDS[self.b_layout] != engine.PLAIN_SCHED:
+            decomp = tune.DP
+        cfg = replace(config, tile=tile, decomp=decomp, ctas=ctas, rotate=row_shift(m, self.world, self.rank, tile))
+        engine.check_config(cfg, m, self.n, self.k, sched=SCHEDS[self.b_layout], b_layout=self.b_layout, out_dtype=self.out_dtype,
+                            epilogue=engine.plain_epilogue(self.out_dtype), sms=self.sms)
+        tune.work_plan(m, self.n, self.k, cfg, self.sms)  # raises where its plan cannot run (a narrow width too wide)
+        return cfg
+
     def _adapt(self, base: GemmConfig, m: int) -> GemmConfig:
         """A GEMM configuration as calls of m run it (fused_config), on the SMs the call leaves free."""
-        return fused_config(base, m, self.world, self.sms - self.reserved_sms if self.reserved_sms else base.ctas)
+        return fused_config(base, m, self.world, self.sms - self.reserved_sms if self.reserved_sms else base.ctas, rank=self.rank,
+                            n=self.n, k=self.k, dev=tune.device_info(self.device_id), out_bytes=self.out_dtype.itemsize,
+                            b_layout=self.b_layout)
 
     # --- tuning (RAWFLUX_TUNE; rawflux/tune/collective.py) -------------------------------------------
     def _tune_id(self, m: int) -> str:
@@ -733,9 +779,8 @@ class AGGemm(CollectiveOp):
             if m not in self._cfgs and m not in self._forced and env.tune_mode() == "on":
                 self.tune_first_use(m, s)
             cfg = self.config(m)
-        else:  # split-K off; on the "sm" path the copy kernel's SMs stay free (hazard 1)
-            ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
-            cfg = replace(config, decomp=tune.DP, ctas=ctas)
+        else:
+            cfg = self._given(config, m)
         slabs = self.slabs(m, cfg)
         fields = self._fields(m_loc, slabs)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
@@ -904,10 +949,9 @@ class AGGemm(CollectiveOp):
         slab_kb = k // tune.BK // slabs if slabs > 1 else 0  # AgWait: k blocks per slab (0: whole chunks)
         pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world,
                                   slab_kb)
-        seg_count, seg_start = rotation(m, self.world, self.rank, cfg.tile)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
-                           stream=s, relpath=KERNEL_FILE, sched=SCHED, prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),
-                           seg_count=seg_count, seg_start=seg_start, timeout_ns=self.pipeline_timeout_ns())
+                           stream=s, relpath=KERNEL_FILE, sched=SCHEDS[self.b_layout], prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),
+                           timeout_ns=self.pipeline_timeout_ns())
         return plan, pro
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:

@@ -116,6 +116,7 @@ class GemmConfig:
     group: int = 8  # raster group width in cluster tiles
     raster_n: bool = False  # False: groups of tile-rows walked along n
     ctas: int = 0  # persistent CTAs (0: every SM)
+    rotate: int = 0  # cluster tile rows the order starts at, wrapping (the fused AllGather's own chunk first); 0: the plain order
 
     # Read-only views of the decomposition, as the model and the launch plan ask for them.
     @property
@@ -141,11 +142,15 @@ class GemmConfig:
         return self.decomp.n if self.decomp.kind == "narrow" else 0
 
     def tag(self) -> str:
-        return f"{self.tile.tag()}/{self.decomp.tag()}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}"
+        rot = f"/r{self.rotate}" if self.rotate else ""
+        return f"{self.tile.tag()}/{self.decomp.tag()}/g{self.group}{'n' if self.raster_n else 'm'}/p{self.ctas}{rot}"
 
     def to_json(self) -> dict:
-        return {"tile": asdict(self.tile), "decomp": self.decomp.tag(), "group": self.group, "raster_n": self.raster_n,
-                "ctas": self.ctas}
+        d = {"tile": asdict(self.tile), "decomp": self.decomp.tag(), "group": self.group, "raster_n": self.raster_n,
+             "ctas": self.ctas}
+        if self.rotate:
+            d["rotate"] = self.rotate
+        return d
 
     @staticmethod
     def from_json(d: dict) -> "GemmConfig":
@@ -157,7 +162,8 @@ class GemmConfig:
                 decomp = Decomp("tail", tl) if tl else (Decomp("band", bd) if bd else STREAM_K)
             else:
                 decomp = Decomp("narrow", nw) if nw else Decomp.split_k(int(d.get("splits", 1)))
-        return GemmConfig(TileConfig(**d["tile"]), decomp, int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)))
+        return GemmConfig(TileConfig(**d["tile"]), decomp, int(d["group"]), bool(d["raster_n"]), int(d.get("ctas", 0)),
+                          int(d.get("rotate", 0)))
 
 
 def _parse_decomp(tag: str) -> Decomp:
@@ -181,14 +187,15 @@ def _parse_decomp(tag: str) -> Decomp:
 def parse_tag(tag: str) -> GemmConfig:
     """The GemmConfig a tag names (GemmConfig.tag(), e.g. '128x256x64s4c2x1w2/k1/g8m/p0', or
     '.../sk/...' for stream-K, '.../t3/...' for the split tail, '.../b4/...' for banded stream-K,
-    '.../n240/...' for narrow columns); the tile must be one rawflux compiles."""
+    '.../n240/...' for narrow columns, '.../p0/r3' for an order starting at cluster tile row 3); the
+    tile must be one rawflux compiles."""
     import re
 
-    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/([a-z0-9]+)/g(\d+)([mn])/p(\d+)", tag.strip())
+    mt = re.fullmatch(r"(\d+)x(\d+)x64s(\d+)c(?:(\d+)x(\d+)|1)(?:k(\d))?w(\d)/([a-z0-9]+)/g(\d+)([mn])/p(\d+)(?:/r(\d+))?", tag.strip())
     if mt is None:
         raise ValueError(f"not a gemm config tag: {tag!r} (expected e.g. '128x256x64s4c2x1w2/k1/g8m/p0', '.../sk/g8m/p0' "
                          f"'.../t3/g8m/p0', '.../b4/g8m/p0' or '.../n240/g8m/p0')")
-    bm, bn, st, cm, cn, ck, w, dc, g, r, p = mt.groups()
+    bm, bn, st, cm, cn, ck, w, dc, g, r, p, rot = mt.groups()
     try:
         decomp = _parse_decomp(dc)
     except ValueError as e:
@@ -198,7 +205,7 @@ def parse_tag(tag: str) -> GemmConfig:
         raise ValueError(f"tile {tile.tag()} is not compiled by rawflux (tiles: {', '.join(t.tag() for t in (*TILES, *KSPLIT_TILES))})")
     if decomp.kind == "narrow" and decomp.n not in NARROW_WIDTHS:
         raise ValueError(f"gemm config tag {tag!r}: narrow columns are {', '.join(map(str, NARROW_WIDTHS))} wide")
-    return GemmConfig(tile, decomp, int(g), r == "n", int(p))
+    return GemmConfig(tile, decomp, int(g), r == "n", int(p), int(rot or 0))
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:

@@ -13,6 +13,7 @@ import pytest
 from rawflux.dist.layout import OP_AG_GEMM, StatusRecord
 from rawflux.ops import _collective as C
 from rawflux.ops import ag_gemm as A
+from rawflux.tune.ag_order import row_shift
 from rawflux.runtime import DType, arrays
 from tests.fake_group import FakeGroup, OpGroup
 
@@ -483,7 +484,8 @@ def fake_cuda(monkeypatch):
     def fake_plan(cfg, m, n, k, **kw):  # a real GemmPlan, without a device or a compile
         plans.append((cfg, m, n, k, kw))
         work = tune.work_plan(m, n, k, cfg, 132)
-        params = E.pack_params(cfg, m, n, k, work, seg_count=kw["seg_count"], seg_start=kw["seg_start"], timeout_ns=kw["timeout_ns"])
+        params = E.pack_params(cfg, m, n, k, work, seg_count=kw.get("seg_count", 1), seg_start=kw.get("seg_start", 0),
+                               timeout_ns=kw["timeout_ns"])
         return E.GemmPlan(cfg, "gemm_kernel", E.KernelOptions(False, 0, 2), _Kernel("gemm_kernel", log), work, 132, 384, 2, 200000,
                           params, (128, 64), (128, 64), 40, (m, n, k), kw["b_layout"], 9)
 
@@ -543,11 +545,20 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
     assert A.AG_WAIT_PARAMS.unpack(pro)[1:7] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
                                                  0 if slabs == 1 else 1)
     p = A.engine.GEMM_PARAMS.unpack(params)
-    # m, splits, and the rotation: one-row segments, starting at rank's first whole cluster row
-    assert p[0] == m_loc * world and p[6] == 1 and p[10:12] == A.rotation(m_loc * world, world, rank, plans[-1][0].tile)
+    # m, and the rotation: the config's, one-row segments starting at rank's first whole cluster row
+    fused = plans[-1][0]
+    t = fused.tile
+    assert fused == op.config(m_loc * world) and fused.rotate == row_shift(m_loc * world, world, rank, t) > 0
+    assert p[0] == m_loc * world and p[10:12] == (m_loc * world, fused.rotate * t.bm * t.cluster_m)
+    assert p[10:12] == A.rotation(m_loc * world, world, rank, t)
     assert p[20] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
     assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
-    assert plans[-1][0].decomp == A.tune.DP  # split-K off
+    # the base's split-K kept only where the model has it paying in the fused order
+    base = A.tune.Decomp.split_k(3)  # the fixture's pick
+    dp = A.replace(fused, decomp=A.tune.DP)
+    dev = A.tune.device_info(0)
+    assert fused.decomp in (A.tune.DP, base) and (fused.decomp == A.tune.DP) == (
+        A.tune.estimate_us(m_loc * world, n, k, A.replace(fused, decomp=base), dev) >= A.tune.estimate_us(m_loc * world, n, k, dp, dev))
     assert plans[-1][4]["relpath"] == A.KERNEL_FILE and plans[-1][4]["prologue"] == A.PROLOGUE
     sides = op.side_streams
     if copy == "ce":
@@ -610,19 +621,30 @@ def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
         op(FakeCAI(BASE, (129, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), stream=7)
 
 
-def test_a_given_config_runs_data_parallel(fake_cuda):
-    """config= of a split mode: the fused GEMM runs its tile data-parallel (the scheduler of the
-    fused ops does not split k), with the copy kernel's SMs left free on the "sm" path."""
+def test_a_given_config_keeps_its_decomposition(fake_cuda):
+    """config= runs its tile and decomposition (split-K, stream-K, split tail: the plain GEMM's
+    scheduler) with the op's rotation, and with the copy kernel's SMs left free on the "sm" path;
+    with B (k, n) data-parallel (SCHEDS); a config whose plan cannot run is refused before the
+    call issues anything."""
     from rawflux import tune
 
     log, plans = fake_cuda
-    op = A.AGGemm(OpGroup(0, 2, log), 256, 64, 128, "bf16", copy="sm")
-    t = next(iter(tune.TILES))
-    for decomp in (tune.Decomp.split_k(3), tune.STREAM_K, tune.Decomp("tail", 3)):
-        op(FakeCAI(BASE, (128, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), out=FakeCAI(BASE + (1 << 30), (256, 64)), stream=7,
-           config=tune.GemmConfig(t, decomp))
-        cfg = plans[-1][0]
-        assert cfg.tile == t and cfg.decomp == tune.DP and cfg.ctas == 132 - op.copy_sms, cfg.tag()
+    t = next(t for t in tune.TILES if t.cluster_size == 1 and t.stream_k_ok and t.bm == 128)
+    a, out = FakeCAI(BASE, (128, 128)), FakeCAI(BASE + (1 << 30), (256, 64))
+    for layout, bshape in (("nk", (64, 128)), ("kn", (128, 64))):
+        op = A.AGGemm(OpGroup(1, 2, log), 256, 64, 128, "bf16", layout, copy="sm")
+        for decomp in (tune.Decomp.split_k(2), tune.STREAM_K, tune.Decomp("tail", 2)):
+            op(a, FakeCAI(BASE + (2 << 30), bshape), out=out, stream=7, config=tune.GemmConfig(t, decomp))
+            cfg = plans[-1][0]
+            assert plans[-1][4]["sched"] == A.SCHEDS[layout]
+            assert cfg.tile == t and cfg.ctas == 132 - op.copy_sms, cfg.tag()
+            assert cfg.decomp == (decomp if layout == "nk" else tune.DP), cfg.tag()
+            assert cfg.rotate == row_shift(256, 2, 1, t) == 1
+    op = A.AGGemm(OpGroup(1, 2, log), 256, 64, 128, "bf16", copy="sm")
+    log.clear()
+    with pytest.raises(ValueError, match="narrow"):  # narrow columns are the 128x256 pair's: refused, nothing issued
+        op(a, FakeCAI(BASE + (2 << 30), (64, 128)), out=out, stream=7, config=tune.GemmConfig(t, tune.Decomp("narrow", 208)))
+    assert not [e for e in log if e[0] in ("launch", "memcpy", "memcpy2d")]
 
 
 class _SameDeviceGroup:
@@ -697,16 +719,54 @@ def test_chunk_group_keeps_groups_inside_chunks(m_local, cluster_m, group, want)
         assert rows % g == 0
 
 
-def test_fused_config_is_chunk_major_data_parallel():
+def test_fused_config_is_chunk_major_and_rotated():
     from rawflux import tune
+    from rawflux.plan import h200
 
-    base = tune.GemmConfig(_tile(128, 256, 2), tune.STREAM_K, 8, True, 0)
-    cfg = A.fused_config(base, 4096, 8, 131)
+    dev = h200()
+    base = tune.GemmConfig(_tile(128, 256, 2), tune.DP, 8, True, 0)
+    cfg = A.fused_config(base, 4096, 8, 131, rank=3, n=7168, k=8192, dev=dev)
     assert cfg.decomp == tune.DP and not cfg.raster_n and cfg.ctas == 131 and cfg.tile == base.tile
     assert cfg.group == A.chunk_group(512, base.tile, 8) == 2
+    assert cfg.rotate == row_shift(4096, 8, 3, base.tile) == 6  # rank 3's chunk: cluster row 6 of 16 (two a chunk)
+    assert A.fused_config(base, 4096, 8, 131, rank=0, n=7168, k=8192, dev=dev).rotate == 0
     ks = next((t for t in tune.TILES if t.cluster_k > 1), None)
     if ks is not None:
-        assert A.fused_config(tune.GemmConfig(ks, tune.DP), 4096, 2, 0).tile == tune.ksplit_base(ks)
+        assert A.fused_config(tune.GemmConfig(ks, tune.DP), 4096, 2, 0, rank=0, n=7168, k=8192, dev=dev).tile == tune.ksplit_base(ks)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fused_config_keeps_the_decompositions_that_pay(world):
+    """The plain pick's decomposition survives the fused order where its plan runs there and the
+    model has it faster than data-parallel (the AG fusion tax was mostly these: 2-9 % on the
+    model at the bar's points); otherwise, and always with B (k, n), data-parallel."""
+    from rawflux import tune
+    from rawflux.plan import h200
+
+    dev = h200()
+    kept = set()
+    for n_full, k in ((49152, 12288), (10240, 8192), (57344, 8192), (28672, 8192)):
+        n = n_full // world
+        for m in (64, 256, 1024, 2048, 4096, 8192):
+            base = tune.heuristic(m, n, k, "nk", dev, 2)
+            for rank in (0, world - 1):
+                cfg = A.fused_config(base, m, world, 0, rank=rank, n=n, k=k, dev=dev)
+                dp = A.replace(cfg, decomp=tune.DP)
+                assert cfg.tile == (base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile))
+                if cfg.decomp != tune.DP:
+                    kept.add(cfg.decomp.kind)
+                    assert cfg.decomp == base.decomp or (base.tile.cluster_k > 1 and cfg.decomp == tune.Decomp.split_k(2))
+                    tune.work_plan(m, n, k, cfg, dev.sms)  # runs
+                    assert tune.estimate_us(m, n, k, cfg, dev) < tune.estimate_us(m, n, k, dp, dev)
+                elif base.decomp != tune.DP and base.tile.cluster_k == 1:
+                    try:
+                        tune.work_plan(m, n, k, A.replace(cfg, decomp=base.decomp), dev.sms)
+                    except ValueError:
+                        continue
+                    assert tune.estimate_us(m, n, k, A.replace(cfg, decomp=base.decomp), dev) >= tune.estimate_us(m, n, k, cfg, dev)
+                kn = A.fused_config(base, m, world, 0, rank=rank, n=n, k=k, dev=dev, b_layout="kn")
+                assert kn == dp
+    assert {"tail", "band"} <= kept, kept
 
 
 def test_link_emulator_arrivals_follow_the_push_schedule():
@@ -752,7 +812,7 @@ def test_slab_count_is_the_model_pick():
     dev = h200(H200_SMS)
     for world, m, n, k in ((8, 2048, 1280, 8192), (8, 64, 1280, 8192), (2, 8192, 24576, 12288), (4, 1024, 2560, 8192),
                            (8, 1024, 6144, 12288), (2, 1024, 1280, 8256)):
-        cfg = A.fused_config(tune.heuristic(m, n, k, "nk", dev, 2), m, world, dev.sms)
+        cfg = A.fused_config(tune.heuristic(m, n, k, "nk", dev, 2), m, world, dev.sms, rank=0, n=n, k=k, dev=dev)
         s = A.slab_count(cfg, m, n, k, world, dev, 2)
         assert s in SLAB_CHOICES and k % (s * tune.BK) == 0, (world, m, s)
         if (world, m) == (8, 2048) or (world, m) == (4, 1024):

@@ -78,6 +78,14 @@ def test_which_tiles_defer():
     assert _opts("128x320x64s4c2x1w2").defer_boxes == 0  # no staging room, 160 accumulators
     assert _opts("128x256x64s4c2x1w2", DType.F32).defer_boxes == 0  # LocalStore
     assert all(engine.kernel_options(t, engine.NOWAIT, engine.TMA_STORE_EPI, DType.BF16).defer_boxes == 0 for t in tune.KSPLIT_TILES)
+    # narrow columns wait for each wgmma group in their own branch: AG-GEMM's narrow pair drops its box
+    pair = _tile("128x256x64s4c2x1w2")
+    assert engine.kernel_options(pair, AG, engine.TMA_STORE_EPI, DType.BF16, narrow=True) == KernelOptions(False, 0, 2)
+    assert engine.kernel_options(pair, engine.NOWAIT, engine.TMA_STORE_EPI, DType.BF16, narrow=True) == _opts("128x256x64s4c2x1w2")
+    for w in tune.NARROW_WIDTHS:
+        name = engine.kernel_name(pair, DType.BF16, DType.BF16, "nk", sched=engine.narrow_sched(w), prologue=AG,
+                                  epilogue=engine.TMA_STORE_EPI)
+        assert f"GemmCfg<128,256,64,4,2,1,2,0,0,0,1,0,0,2>, rawflux::NarrowSched<{w}>" in name, name
 
 
 def test_staging_buffers():
@@ -115,6 +123,8 @@ def test_invalid_options_are_refused_by_host_and_kernel():
                              DType.BF16)  # seven stages fill shared memory
     with pytest.raises(ValueError, match="deferred boxes"):
         engine.check_options(KernelOptions(False, 1, 0), pair, engine.NOWAIT, engine.TMA_STORE_EPI, DType.BF16)
+    with pytest.raises(ValueError, match="narrow columns"):
+        engine.check_options(KernelOptions(False, 1, 2), pair, AG, engine.TMA_STORE_EPI, DType.BF16, narrow=True)
     pytest.importorskip("cuda.bindings.nvrtc")
     with pytest.raises(CompileError, match="deferred boxes are staged boxes"):
         _compile("128x256x64s4c2x1w2", KernelOptions(True, 1, 0))

@@ -6,6 +6,7 @@ run, and the fused ops never get one. (The GPU checks: tests/gpu/test_gemm.py, g
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -149,8 +150,13 @@ def test_ag_gemm_maps_a_ksplit_pick_to_its_base_tile(monkeypatch):
     assert pick.tile.cluster_k > 1
     monkeypatch.setattr(g, "pick_config", lambda *a, **kw: pick)
     op = object.__new__(ag.AGGemm)  # only what config() reads
-    op._cfgs, op._forced, op.world = {}, {}, 1  # world 1: no stored tuning to agree on
+    monkeypatch.setattr(tune, "device_info", lambda *a: H200)
+    op._cfgs, op._forced, op.world, op.rank = {}, {}, 1, 0  # world 1: no stored tuning to agree on
     op.n, op.k, op.dtype, op.b_layout, op.out_dtype, op.device_id = 6144, 12288, DType.BF16, "nk", DType.BF16, 0
     op.sms, op.reserved_sms = 132, 0
     cfg = op.config(128)
-    assert cfg.tile == tune.ksplit_base(pick.tile) and cfg.tile in tune.TILES and cfg.splits == 1
+    # the pair's tile without the pair, its k halves as split-K 2 where the model has that paying
+    assert cfg.tile == tune.ksplit_base(pick.tile) and cfg.tile in tune.TILES and cfg.splits in (1, 2)
+    dp = replace(cfg, decomp=tune.DP)
+    assert (cfg.splits == 2) == (tune.estimate_us(128, 6144, 12288, replace(cfg, decomp=tune.Decomp.split_k(2)), H200)
+                                 < tune.estimate_us(128, 6144, 12288, dp, H200))

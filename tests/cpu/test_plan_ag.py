@@ -227,7 +227,7 @@ def test_chunk_major_where_chunks_are_whole_cluster_rows(world):
         for per_chunk in (1, 2, 3, 5, 16):
             m_local = per_chunk * rows
             m = m_local * world
-            cfg = A.fused_config(_base(tile, m_local), m, world, 132)
+            cfg = A.fused_config(_base(tile, m_local), m, world, 132, rank=0, n=1280, k=4096, dev=plan.h200())
             for n in (1280, 7168):
                 for rank in range(world):
                     steps = []
@@ -265,7 +265,8 @@ def test_predict_small_case_by_hand(rank, gbps):
     world, m, n, k = 2, 512, 256, 4096
     tile = next(t for t in tune.TILES if t.tag() == "128x256x64s4c1w2")
     p = plan.predict_ag(world, m, n, k, tile=tile.tag(), sms=2, rank=rank, link_gbps=gbps)
-    cfg = A.fused_config(replace(tune.heuristic(m, n, k, "nk", plan.h200(2), 2), tile=tile), m, world, 2)
+    cfg = A.fused_config(replace(tune.heuristic(m, n, k, "nk", plan.h200(2), 2), tile=tile), m, world, 2, rank=rank, n=n, k=k,
+                         dev=plan.h200(2))
     assert p.config == cfg.tag()
     t_fused = tune.estimate_us(m, n, k, cfg, plan.h200(2), 2)
     t_chunk = 256 * k * 2 / (gbps * 1e3)

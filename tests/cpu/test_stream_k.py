@@ -112,6 +112,8 @@ def walk(m, n, k, cfg: tune.GemmConfig, sms: int):
                 sk_piece = True
                 assert gg == cid
             cm, cn = raster(cu, ctm, ctn, group, bool(raster_n))
+            if seg_count > 1:  # the row rotation (GemmConfig.rotate: the fused AllGather's own chunk first)
+                cm = (cm + seg_start * (pm // seg_count) // (t.bm * t.cluster_m) % ctm) % ctm
             for rank in range(t.cluster_size):
                 tm = cm * t.cluster_m + (rank if t.cluster_m > 1 else 0)
                 tn = cn * t.cluster_n + (rank if t.cluster_n > 1 else 0)
@@ -399,3 +401,46 @@ def test_fused_ops_never_band():
     plan = rs.plan_call(4096, n=8192, k=8192, dtype=DType.BF16, b_layout="nk", partials="bf16", rank=0, world=2, dev=dev,
                         ctas=120, tiles_cap=4096, config=tune.GemmConfig(_pair(), tune.Decomp("band", 8)))
     assert not plan.cfg.stream_k and not plan.cfg.band
+
+
+# ------------------------------------------------------------------------------------------------
+# the order's rotation (GemmConfig.rotate), which the fused AllGather runs every decomposition with
+
+
+def test_rotation_relabels_tile_rows_only():
+    """A rotated config's pieces are the plain order's with cluster tile row cm moved to
+    (cm + rotate) mod rows: every decomposition still covers each (tile, k block) once, and the
+    pieces of a tile (its k ranges, numbering, slot) move with its row. So rawflux.gemm given the
+    fused op's config (rotation included) cuts every tile as the fused GEMM does: bitwise equal."""
+    pair = _pair()
+    cases = [(pair, tune.Decomp("tail", 3), 2048, 12288, 12288), (pair, tune.Decomp("band", 8), 2048, 28672, 8192),
+             (pair, tune.STREAM_K, 1024, 6144, 8192), (SK_TILES[-1], tune.Decomp.split_k(3), 384, 1280, 8192),
+             (pair, tune.Decomp("narrow", 208), 1024, 7168, 8192)]
+    for t, decomp, m, n, k in cases:
+        plain = tune.GemmConfig(t, decomp, 8)
+        rows = _cdiv(_cdiv(m, t.bm), t.cluster_m)
+        base, _ = walk(m, n, k, plain, 132)
+        for rotate in (1, rows // 2, rows - 1):
+            cfg = replace(plain, rotate=rotate)
+            p = check_cover(m, n, k, cfg, 132)
+            assert p[10:12] == (m, rotate * t.bm * t.cluster_m)
+            got, _ = walk(m, n, k, cfg, 132)
+            moved = [(c, (tm // t.cluster_m + rotate) % rows * t.cluster_m + tm % t.cluster_m, tn, *rest) for c, tm, tn, *rest in base]
+            key = lambda x: (x[1], x[2], x[3])
+            # a stream-K piece's slot is its own (unmoved); a CTA tile's (split-K, whole tiles) moves with it
+            strip = lambda x: x[:7] if x[6] == 1 or cfg.splits > 1 else x  # noqa: E731
+            assert sorted(map(strip, got), key=key) == sorted(map(strip, moved), key=key), (cfg.tag(), rotate)
+
+
+def test_rotation_tags_params_and_refusals():
+    t = _pair()
+    cfg = tune.GemmConfig(t, tune.Decomp("tail", 3), 4, False, 0, 5)
+    assert cfg.tag().endswith("/p0/r5") and tune.parse_tag(cfg.tag()) == cfg
+    assert tune.GemmConfig.from_json(cfg.to_json()) == cfg and cfg.to_json()["rotate"] == 5
+    assert "rotate" not in tune.GemmConfig(t).to_json() and not tune.GemmConfig(t).tag().endswith("/r0")
+    common = dict(sched=g.PLAIN_SCHED, b_layout="nk", out_dtype=DType.BF16, epilogue="rawflux::TmaStore", sms=132)
+    g.check_config(cfg, 2048, 12288, 12288, **common)  # 8 cluster rows: 5 is one
+    with pytest.raises(ValueError, match="rotation"):
+        g.check_config(cfg, 1024, 12288, 12288, **common)  # 4 cluster rows
+    with pytest.raises(ValueError, match="rotates its order itself"):
+        g.pack_params(cfg, 2048, 12288, 12288, tune.work_plan(2048, 12288, 12288, cfg, 132), seg_count=2048, seg_start=256)

@@ -7,7 +7,9 @@
 //                 GEMM starts (stream order), so it is never waited for. With k-slabs (S > 1) a
 //                 chunk travels as S column slabs of k / S, each with its own flag, and the
 //                 producer waits for slab j only before the tile's first k block of slab j, so a
-//                 tile starts on the first slab while the rest is in flight.
+//                 tile starts on the first slab while the rest is in flight. A unit that is a k
+//                 piece of a tile (the plain GEMM's split-K, stream-K, split tail, bands) waits
+//                 for the slabs of its own k range only.
 //   ag_local_*    starts a call: advances the op's epoch, pushes this rank's call record into
 //                 every peer, copies this rank's shard into its own rows of the gathered buffer
 //                 and announces the call to the peers (arrive); on the copy-engine path its last

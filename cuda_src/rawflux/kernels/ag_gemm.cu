@@ -1,5 +1,6 @@
 // AllGather-GEMM entries (rawflux/ops/ag_gemm.py):
-//   rawflux::gemm_kernel<GemmCfg<...>, TileSched, AgWait, LocalStore>   the GEMM, waiting per chunk
+//   rawflux::gemm_kernel<GemmCfg<...>, StreamKSched | NarrowSched<w> (B (n, k)) | TileSched (B (k, n)),
+//                        AgWait, TmaStore | LocalStore>   the GEMM, waiting per chunk or k-slab
 //   rawflux::ag_local_kernel   the call's start: epoch, call record, own rows, arrival
 //   rawflux::ag_copy_kernel    the SM copy path (push or pull), bounded grid
 //   rawflux::ag_check_kernel   the copy-engine path's comparison of the peers' call records

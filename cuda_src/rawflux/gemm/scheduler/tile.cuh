@@ -216,10 +216,11 @@ struct TileSchedT {
 };
 
 // Scheduler policies name gemm_kernel's Sched argument; `type<Cfg>` is the scheduler itself.
-// kFixupChunk: float4 of a partial the fix-up's sum loads per round trip. The fused ops never
-// split, yet their variants keep the fix-up compiled, with chunks of 4: compiled out, or with
-// chunks of 8, ptxas spilled 16 B in the 40-register producer of the AgWait 128x192 / 128x256
-// cluster variants (register allocation there is that fragile).
+// kFixupChunk: float4 of a partial the fix-up's sum loads per round trip. TileSched's ops
+// (GEMM-RS, GEMM + AllReduce, AG-GEMM with B (k, n)) never split, yet their variants keep the
+// fix-up compiled, with chunks of 4: compiled out, or with chunks of 8, ptxas spilled 16 B in the
+// 40-register producer of the AgWait 128x192 / 128x256 cluster variants (register allocation
+// there is that fragile).
 struct TileSched {
   static constexpr int kFixupChunk = 4;
   template <class Cfg>
