@@ -1,7 +1,7 @@
 """The fusion tax of the fused ops, and AllGather-GEMM behind an emulated link, on one GPU.
 
     PYTHONPATH=. python benchmarks/fusion_tax.py [--op gemm_rs,ag_gemm] [--worlds 2,4,8] [--ms 1024,2048,4096,8192]
-        [--link-gbps 370] [--json PATH] [--link-json PATH]
+        [--link-gbps 370] [--link-latency-us 0] [--json PATH] [--link-json PATH]
 
 gemm_ar (--op gemm_ar, --ms default 1..512): rank 0's one-shot GEMM + AllReduce kernel with its
 peers mapped locally (rawflux/bench/ar_local.py) against rawflux.gemm's pick; bar fused / gemm <= 1.05.
@@ -15,7 +15,9 @@ rawflux.gemm's own pick on the gathered A; also the emulated call with the GEMM'
 order instead of the fused op's chunk-major one (column pick_order) and, where the op sends
 chunks in k-slabs (slabs > 1), with whole chunks (column whole_chunks); --slab-sweep also times the
 tax and the emulated call at every k-slab count S that splits k (records tax_slab_ms / link_slab_ms:
-{S: ms}), for what a slab costs with its flag already set and behind the link.
+{S: ms}), for what a slab costs with its flag already set and behind the link. --link-latency-us L
+delays every emulated arrival by L (T_gather includes it); column b_later: the emulated call with
+B's first k blocks loaded after the first wait instead of before it (AGGemm b_first=False).
 CUDA events, warm-up, median of --reps, the competitors interleaved call by call, B (and
 gemm_rs's A) rotated over sets larger than 4x L2. Points are printed; exit status 1 if any
 misses its bar. fusion-tax.json holds the tax records of both ops (records: op, world, m, n, k,
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--partials", default=None, help="default: the output's type; or fp32")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--link-gbps", type=float, default=370.0)
+    ap.add_argument("--link-latency-us", type=float, default=0.0, help="ag_gemm: every emulated arrival this much later")
     ap.add_argument("--json", default=str(RESULTS / "fusion-tax.json"))
     ap.add_argument("--link-json", default=str(RESULTS / "ag-link-emu.json"))
     ap.add_argument("--slab-sweep", action="store_true", help="ag_gemm: also time every k-slab count (see the module docstring)")
@@ -214,7 +217,7 @@ def run_ag(args):
     from rawflux.tune.ag_order import SLAB_CHOICES
 
     gpu, commit = _gpu_commit()
-    G = args.link_gbps
+    G, lat = args.link_gbps, args.link_latency_us
     today = datetime.date.today().isoformat()
     tax_rows, link_rows = [], []
     shapes = AG_SHAPES if args.shapes == "all" else [s for s in AG_SHAPES if s[0] in args.shapes.split(",")]
@@ -233,7 +236,7 @@ def run_ag(args):
                 # correctness first: poisoned output, bitwise against rawflux.gemm on the same
                 # configuration, and a float64 reference
                 out.fill_(float("nan"))
-                ag.link(shard, b[0], out, m, G, s)
+                ag.link(shard, b[0], out, m, G, s, latency_us=lat)
                 rawflux.gemm(gath, b[0], out=full, stream=s, config=cfg_link)
                 torch.cuda.synchronize()
                 if ag.failed():
@@ -250,13 +253,20 @@ def run_ag(args):
                     ag.tax(b[i], out, m, s, cfg_tax)
 
                 def link(i):
-                    ag.link(shard, b[i], out, m, G, s, cfg_link)
+                    ag.link(shard, b[i], out, m, G, s, cfg_link, latency_us=lat)
 
                 def link_pick(i):
-                    ag.link(shard, b[i], out, m, G, s, cfg_pick)
+                    ag.link(shard, b[i], out, m, G, s, cfg_pick, latency_us=lat)
 
                 def link_whole(i):  # whole chunks (one flag each), as before k-slabs
-                    ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=1)
+                    ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=1, latency_us=lat)
+
+                def link_b_later(i):  # B's first blocks after the wait, not before (AGGemm b_first=False)
+                    ag.op.b_first = False
+                    try:
+                        ag.link(shard, b[i], out, m, G, s, cfg_link, latency_us=lat)
+                    finally:
+                        ag.op.b_first = True
 
                 def plain(i):
                     rawflux.gemm(gath, b[i], out=full, stream=s)
@@ -266,27 +276,28 @@ def run_ag(args):
 
                 sweep = [S for S in SLAB_CHOICES if k % (S * 64) == 0] if args.slab_sweep else []
                 sweep_fns = [lambda i, S=S: ag.tax(b[i], out, m, s, cfg_tax, slabs=S) for S in sweep]
-                sweep_fns += [lambda i, S=S: ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=S) for S in sweep]
-                fns = [tax, link, link_pick, plain, same] + ([link_whole] if sl_link > 1 else []) + sweep_fns
+                sweep_fns += [lambda i, S=S: ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=S, latency_us=lat) for S in sweep]
+                fns = [tax, link, link_pick, plain, same, link_b_later] + ([link_whole] if sl_link > 1 else []) + sweep_fns
                 times = bench_many(fns, nsets, args.reps)
-                t_tax, t_link, t_pick, t_g, t_s = times[:5]
-                t_whole = times[5] if sl_link > 1 else t_link
+                t_tax, t_link, t_pick, t_g, t_s, t_later = times[:6]
+                t_whole = times[6] if sl_link > 1 else t_link
                 n0 = len(fns) - len(sweep_fns)  # the sweep's times: the tax's per S, then the link's
                 tax_sweep = dict(zip(map(str, sweep), times[n0:n0 + len(sweep)]))
                 link_sweep = dict(zip(map(str, sweep), times[n0 + len(sweep):]))
                 torch.cuda.synchronize()
                 if ag.failed():
                     raise RuntimeError(f"ag_gemm emulated call reported a device-side failure (state {ag.failed()})")
-                t_gather = t_gather_ms(W, m, k, 2, G)
+                t_gather = t_gather_ms(W, m, k, 2, G) + lat * 1e-3
                 bound = max(t_g, t_gather)
                 r_tax, r_link = t_tax / t_g, t_link / bound
                 ok_link = m < AG_LINK_FROM_M or r_link <= AG_LINK_BAR
                 print(f"ag-tax  W={W} {name} m={m} n={n} k={k}: fused {t_tax * 1e3:8.1f} us  gemm {t_g * 1e3:8.1f} us  ratio {r_tax:.3f} "
                       f"{'ok' if r_tax <= AG_TAX_BAR else 'OVER'}  {cfg_tax.tag()} S={sl_tax} (plain GEMM on it {t_s * 1e3:.1f} us)",
                       flush=True)
-                print(f"ag-link W={W} {name} m={m} G={G:g}: fused {t_link * 1e3:8.1f} us  max(gemm, gather {t_gather * 1e3:.1f}) "
-                      f"{bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} (whole chunks "
-                      f"{t_whole * 1e3:.1f} us; pick's order {t_pick * 1e3:.1f} us {cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
+                print(f"ag-link W={W} {name} m={m} G={G:g}{f' +{lat:g} us' if lat else ''}: fused {t_link * 1e3:8.1f} us  max(gemm, "
+                      f"gather {t_gather * 1e3:.1f}) {bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} "
+                      f"(whole chunks {t_whole * 1e3:.1f} us; B after the wait {t_later * 1e3:.1f} us; pick's order {t_pick * 1e3:.1f} us "
+                      f"{cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
                 if sweep:
                     print(f"ag-slabs W={W} {name} m={m}: S = {' / '.join(tax_sweep)}: tax " + " / ".join(f"{t * 1e3:.1f}" for t in
                           tax_sweep.values()) + " us, link " + " / ".join(f"{t * 1e3:.1f}" for t in link_sweep.values()) + " us",
@@ -298,8 +309,8 @@ def run_ag(args):
                                 | ({"tax_slab_ms": tax_sweep} if sweep else {}))
                 link_rows.append(common | {"fused_ms": t_link, "gather_ms": t_gather, "bound_ms": bound, "ratio": r_link,
                                            "config": cfg_link.tag(), "slabs": sl_link, "whole_chunks_ms": t_whole,
-                                           "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(),
-                                           "emulated_link": True, "link_gbps": G, "rel_err": rel}
+                                           "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(), "b_later_ms": t_later,
+                                           "emulated_link": True, "link_gbps": G, "link_latency_us": lat, "rel_err": rel}
                                  | ({"link_slab_ms": link_sweep} if sweep else {}))
                 del ag, gath, shard, b, out, full
                 torch.cuda.empty_cache()

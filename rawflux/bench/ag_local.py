@@ -82,7 +82,7 @@ class AgLocal:
         op.max_m = op.m_local_cap * world
         op.row_bytes = op.k * dt.itemsize
         op._cfgs, op._forced, op.tunable, op.last_tune, op.last_config = {}, {}, False, [], None
-        op.slab_choice, op._slabs = None, {}
+        op.slab_choice, op._slabs, op.b_first = None, {}, True
         op.sms = tune.device_info(0).sms
         op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
         op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
@@ -146,9 +146,11 @@ class AgLocal:
         finally:
             op._sync = link_sync
 
-    def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None, slabs: int | None = None) -> None:
+    def link(self, a_shard, b, out, m: int, gbps: float, stream: int, cfg=None, slabs: int | None = None,
+             latency_us: float = 0.0) -> None:
         """One call behind the emulated link of ``gbps`` GB/s (see the module docstring), chunks in
-        ``slabs`` k-slabs (default the op's pick)."""
+        ``slabs`` k-slabs (default the op's pick), every arrival ``latency_us`` later (a link's
+        first-byte and flag latency, which the bandwidth model leaves out)."""
         import cupy
         from cupy.cuda import runtime
 
@@ -161,10 +163,10 @@ class AgLocal:
         slabs = self.slabs(m, cfg) if slabs is None else int(slabs)
         op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._record, flags=0)  # the epoch, own rows
         runtime.memsetAsync(self._ready_ptr, 0, 4 * W * A.MAX_SLABS, stream)  # no peer chunk of this call has landed
-        key = (m, float(gbps), slabs)
+        key = (m, float(gbps), slabs, float(latency_us))
         if key not in self._due:
             arr = push_arrivals(self.rank, W, op.chunk_bytes(m_loc), gbps, slabs)
-            self._due[key] = (cupy.asarray(np.array([round(t) for _, t in arr], dtype=np.uint64)),
+            self._due[key] = (cupy.asarray(np.array([round(t + latency_us * 1e3) for _, t in arr], dtype=np.uint64)),
                               cupy.asarray(np.array([f for f, _ in arr], dtype=np.int32)))
         due, flag = self._due[key]
         args = LINK_EMU_ARGS.pack(self._ready_ptr, op.epoch_ptr, int(due.data.ptr), int(flag.data.ptr), len(due), 0)

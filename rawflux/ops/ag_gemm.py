@@ -105,7 +105,7 @@ B_LAYOUTS = ("nk", "kn")
 
 # Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
 # them against the CUDA structs with NVRTC static_asserts.
-AG_WAIT_PARAMS = struct.Struct("<QQQiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, slab_kb
+AG_WAIT_PARAMS = struct.Struct("<QQQiiiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, slab_kb, b_first, pad
 AG_LOCAL_ARGS = struct.Struct("<QQQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, pad
 AG_COPY_ARGS = struct.Struct("<QQQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, sync, sync_peers, counters, src_pitch, m_local, row_vecs, mode, slabs
 CALL_RECORD = struct.Struct("<16I")  # CallRecord (comm/call_record.cuh)
@@ -468,7 +468,7 @@ class AGGemm(CollectiveOp):
     """Fused AllGather-GEMM sized once (see the module docstring).
 
     AGGemm(group, max_m, n, k, dtype, b_layout="nk", *, direction=None, copy=None, out_dtype=None,
-           copy_sms=None, ce_streams=1, slabs=None)
+           copy_sms=None, ce_streams=1, slabs=None, b_first=True)
     group: a rawflux Group (None: the current one). max_m: the largest m (all ranks' rows) a call
     may use; m must be a multiple of the world size W. n: this rank's output columns (n_local).
     direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" (default
@@ -477,6 +477,8 @@ class AGGemm(CollectiveOp):
     slabs, each with its own flag, so a tile starts on the first slab while the rest is in flight.
     On "ce" the pick of an eager call also counts the host's driver calls; ``op.capture`` counts
     the GEMM alone (a graph captured another way: pass slabs=, e.g. rawflux.plan's S).
+    b_first: a GEMM CTA whose first tile waits for peer rows loads B's first k blocks before the
+    wait (AgWait::b_first), so that at small m the wait hides behind reading B; False: after it.
     Collective: every rank constructs the same op objects in the same order.
     Call it: ``op(a_shard, b, bias=None, out=None, gathered_out=None, return_gathered=False, stream=None)``.
     Tuning: ``op.tune(m)`` (collective), or RAWFLUX_TUNE=on at the first call of each m.
@@ -488,7 +490,7 @@ class AGGemm(CollectiveOp):
 
     def __init__(self, group, max_m: int, n: int, k: int, dtype, b_layout: str = "nk", *, direction: str | None = None,
                  copy: str | None = None, out_dtype=None, copy_sms: int | None = None, ce_streams: int = 1,
-                 slabs: int | None = None):
+                 slabs: int | None = None, b_first: bool = True):
         direction = env.ag_direction() if direction is None else direction
         copy = default_copy(resolve_group(group), copy)
         _check_options(direction, copy, b_layout)
@@ -506,6 +508,7 @@ class AGGemm(CollectiveOp):
                              f"{tune.BK}-column blocks (None: the model's pick per m)")
         self.slab_choice = None if slabs is None else int(slabs)
         self._slabs: dict[tuple, int] = {}
+        self.b_first = bool(b_first)
         g = resolve_group(group)
         world = g.world
         if max_m < world:
@@ -948,7 +951,7 @@ class AGGemm(CollectiveOp):
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
         slab_kb = k // tune.BK // slabs if slabs > 1 else 0  # AgWait: k blocks per slab (0: whole chunks)
         pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world,
-                                  slab_kb)
+                                  slab_kb, int(self.b_first), 0)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
                            stream=s, relpath=KERNEL_FILE, sched=SCHEDS[self.b_layout], prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),
                            timeout_ns=self.pipeline_timeout_ns())

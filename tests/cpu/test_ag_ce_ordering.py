@@ -247,7 +247,7 @@ class Device:
 
             return [start, own_rows, late, gate]
         if op.kind == "gemm":
-            gath, (_, ready, epoch, m_local, rank, world, slab_kb), call = op.args
+            gath, (_, ready, epoch, m_local, rank, world, slab_kb, _, _), call = op.args  # b_first: load order only
             assert rank == r and world == W
             slabs = K // 64 // slab_kb if slab_kb else 1
             assert slabs == self.slabs

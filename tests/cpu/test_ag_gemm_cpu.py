@@ -216,7 +216,7 @@ def _layout_asserts() -> str:
                 lines.append(f'static_assert(__builtin_offsetof({struct_name}, {name}) == {off}, "{struct_name}.{name}");')
             off += {"Q": 8, "q": 8, "i": 4, "I": 4}[code]
 
-    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "slab_kb"))
+    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "slab_kb", "b_first", "pad"))
     fields("AgLocalArgs", A.AG_LOCAL_ARGS,
            ("group_ctrl", "src", "dst", "sync", "sync_peers", "src_pitch", "m_local", "row_vecs", "flags", "pad"))
     fields("AgCopyArgs", A.AG_COPY_ARGS,
@@ -506,6 +506,17 @@ def types_ns(**kw):
     return types.SimpleNamespace(**kw)
 
 
+@pytest.mark.parametrize("b_first", [True, False])
+def test_b_first_reaches_the_prologue(fake_cuda, b_first):
+    # AGGemm(b_first=) is AgWait::Params.b_first of the GEMM's launch (the CUDA layout: _layout_asserts)
+    log, _ = fake_cuda
+    rank, world, m_loc, n, k = 1, 4, 100, 64, 128
+    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", b_first=b_first)
+    op(FakeCAI(BASE, (m_loc, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=FakeCAI(BASE + (1 << 30), (m_loc * world, n)), stream=0x42)
+    g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
+    assert A.AG_WAIT_PARAMS.unpack(g[4][3])[7] == int(b_first)
+
+
 @pytest.mark.parametrize("slabs", [1, 2])
 @pytest.mark.parametrize("direction,copy", [("push", "ce"), ("pull", "ce"), ("push", "sm"), ("pull", "sm")])
 def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
@@ -542,8 +553,8 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
     tmap_a, _, params, pro, _, tmap_a_tail = g[4]
     assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
     # k blocks per slab (k = 128: two 64-column blocks), 0 for whole chunks
-    assert A.AG_WAIT_PARAMS.unpack(pro)[1:7] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
-                                                 0 if slabs == 1 else 1)
+    assert A.AG_WAIT_PARAMS.unpack(pro)[1:8] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
+                                                 0 if slabs == 1 else 1, 1)  # B first: on by default
     p = A.engine.GEMM_PARAMS.unpack(params)
     # m, and the rotation: the config's, one-row segments starting at rank's first whole cluster row
     fused = plans[-1][0]

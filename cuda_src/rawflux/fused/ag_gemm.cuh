@@ -9,7 +9,9 @@
 //                 producer waits for slab j only before the tile's first k block of slab j, so a
 //                 tile starts on the first slab while the rest is in flight. A unit that is a k
 //                 piece of a tile (the plain GEMM's split-K, stream-K, split tail, bands) waits
-//                 for the slabs of its own k range only.
+//                 for the slabs of its own k range only. A CTA's first unit whose rows are still
+//                 in flight loads B's first k blocks before it waits (b_first: at small m the
+//                 wait then hides behind reading B).
 //   ag_local_*    starts a call: advances the op's epoch, pushes this rank's call record into
 //                 every peer, copies this rank's shard into its own rows of the gathered buffer
 //                 and announces the call to the peers (arrive); on the copy-engine path its last
@@ -85,6 +87,8 @@ struct AgWait {
     i32 rank;
     i32 world;
     i32 slab_kb;     // k blocks per k-slab; 0: whole chunks (one flag each)
+    i32 b_first;     // 1: the first unit may load B before its wait (b_first); 0: A and B after it
+    i32 pad;
   };
 
   // The proxy fence below orders the producer's TMA loads only: a consumer's would need its own.
@@ -134,6 +138,26 @@ struct AgWait {
     // which reached memory through the generic proxy (peer SM stores / copy engine)
     if (waited) fence_proxy_async_global();
     return waited && pp.slab_kb > 0 ? end : kb_end;
+  }
+
+  // B first: a unit whose rows touch a peer chunk whose slab of kb has not landed yet (a relaxed
+  // peek; wait_slabs acquires) may have B of kb's slab loaded before the wait. At small m every
+  // tile spans peer rows and the GEMM is bound by reading B, so the wait hides behind B's loads.
+  static constexpr bool kBFirst = true;
+  static RAWFLUX_DEVICE i32 b_first(const Params& pp, i32 m0, i32 rows, i32 kb, i32 kb_end) {
+    if (rows <= 0 || pp.b_first == 0) return 0;
+    const i32 slab = pp.slab_kb > 0 ? kb / pp.slab_kb : 0;
+    i32 first, last;
+    ag_chunk_span(m0, rows, pp.m_local, first, last);
+    if (last >= pp.world) last = pp.world - 1;
+    const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
+    const u32* ready = reinterpret_cast<const u32*>(pp.ready);
+    bool pending = false;
+    for (i32 q = first; q <= last; ++q) {
+      if (q != pp.rank && !seq_geq(ld_relaxed_sys_u32(ready + ag_ready_index(q, slab)), epoch)) pending = true;
+    }
+    if (!pending) return 0;
+    return (pp.slab_kb > 0 ? min(kb_end, (slab + 1) * pp.slab_kb) : kb_end) - kb;
   }
 
   // Nothing per unit: wait_slabs waits, for slab 0 (the whole chunk without slabs) and on.

@@ -48,13 +48,11 @@ RAWFLUX_DEVICE void load_kblock_for(const TensorMap& tmap_a, const TensorMap& tm
   }
 }
 
-// Arms full[stage] for tx bytes and issues k block kb's TMA loads into the stage: A's box at row m0
-// (this CTA's slice a_slice of a multicast A), B's box at column n_tile0 (slice b_slice). The
-// producer's loads, and the consumers' refill (Cfg::kRefill).
+// k block kb's TMA load of A into a stage (armed already): A's box at row m0 (this CTA's slice
+// a_slice of a multicast A).
 template <class Cfg, int kAMode>
-RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a_tail, const TensorMap& tmap_b, u8* smem_a,
-                                u8* smem_b, u64* full, u32 stage, i32 kb, i32 m0, i32 n_tile0, i32 a_slice, i32 b_slice, u32 tx) {
-  ptx::mbar_arrive_expect_tx(&full[stage], tx);
+RAWFLUX_DEVICE void load_a_block(const TensorMap& tmap_a, const TensorMap& tmap_a_tail, u8* smem_a, u64* full, u32 stage, i32 kb, i32 m0,
+                                 i32 a_slice) {
   u8* sa = smem_a + stage * Cfg::kStageABytes + a_slice * Cfg::kRowBytes;
   if constexpr (Cfg::kClusterN > 1) {
     ptx::tma_load_2d_multicast(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0, (u16)((1u << Cfg::kClusterSize) - 1));
@@ -63,6 +61,12 @@ RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a
   } else {
     ptx::tma_load_2d(sa, &tmap_a, &full[stage], kb * Cfg::kBK, m0);
   }
+}
+
+// k block kb's TMA loads of B into a stage (armed already): B's box at column n_tile0 (this CTA's
+// slice b_slice of a multicast B).
+template <class Cfg>
+RAWFLUX_DEVICE void load_b_block(const TensorMap& tmap_b, u8* smem_b, u64* full, u32 stage, i32 kb, i32 n_tile0, i32 b_slice) {
   u8* sb = smem_b + stage * Cfg::kStageBBytes + b_slice * Cfg::kRowBytes;
   if constexpr (Cfg::kBLayout == kLayoutNK) {
     const i32 n0 = n_tile0 + b_slice;
@@ -83,6 +87,16 @@ RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a
       }
     }
   }
+}
+
+// Arms full[stage] for tx bytes and issues k block kb's TMA loads into the stage: A's, then B's.
+// The producer's loads, and the consumers' refill (Cfg::kRefill).
+template <class Cfg, int kAMode>
+RAWFLUX_DEVICE void load_kblock(const TensorMap& tmap_a, const TensorMap& tmap_a_tail, const TensorMap& tmap_b, u8* smem_a,
+                                u8* smem_b, u64* full, u32 stage, i32 kb, i32 m0, i32 n_tile0, i32 a_slice, i32 b_slice, u32 tx) {
+  ptx::mbar_arrive_expect_tx(&full[stage], tx);
+  load_a_block<Cfg, kAMode>(tmap_a, tmap_a_tail, smem_a, full, stage, kb, m0, a_slice);
+  load_b_block<Cfg>(tmap_b, smem_b, full, stage, kb, n_tile0, b_slice);
 }
 
 }  // namespace rawflux

@@ -17,6 +17,11 @@
 //     // further wait)
 //     static constexpr bool kSlabWait;
 //     static __device__ i32 wait_slabs(const Params&, i32 m0, i32 rows, i32 kb, i32 kb_end);
+//     // true (with kSlabWait): before the CTA's first unit waits, the producer loads B of its first
+//     // b_first(...) k blocks (capped at kStages); b_first returns 0 where nothing is to wait for,
+//     // and at most the blocks of kb's slab (wait_slabs for kb covers their A)
+//     static constexpr bool kBFirst;
+//     static __device__ i32 b_first(const Params&, i32 m0, i32 rows, i32 kb, i32 kb_end);
 //   };
 // Epilogue contract:
 //   struct E {
@@ -57,6 +62,7 @@ struct NoWait {
   };
   static constexpr bool kConsumerRefill = true;  // nothing to order
   static constexpr bool kSlabWait = false;
+  static constexpr bool kBFirst = false;
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
   static RAWFLUX_DEVICE i32 wait_slabs(const Params&, i32, i32, i32, i32 kb_end) { return kb_end; }
 };

@@ -3,7 +3,7 @@
 // prologue's wait (the fused AllGather's chunk flags; with k-slabs, before each slab's first
 // block), then per k block waits for a free stage, arms its full barrier with the stage's byte
 // count and issues the TMA loads of A and B (multicast to the cluster peer for the shared
-// operand). With the consumer refill (Cfg::kRefill) it loads only each unit's first kStages k
+// operand); a prologue with kBFirst has the first unit's first B blocks loaded before its wait. With the consumer refill (Cfg::kRefill) it loads only each unit's first kStages k
 // blocks and waits on the stages' release counts instead of their empty barriers.
 #pragma once
 #include "rawflux/gemm/config.cuh"
@@ -36,6 +36,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
   WorkTile w;
   u32 stage = 0, phase = 0;
   u32 round = 0;  // kRefill: uses of the ring's stages before the current one (phase = round's parity)
+  [[maybe_unused]] bool first_unit = true;  // Prologue::kBFirst: the ring has not been used yet
   // This CTA's slice of a multicast operand (whole tile when that dimension has no cluster).
   const i32 a_slice = Cfg::kClusterN > 1 ? (i32)cta_rank * Cfg::kBoxARows : 0;
   const i32 b_slice = Cfg::kClusterM > 1 ? (i32)cta_rank * Cfg::kBoxBRows : 0;
@@ -86,6 +87,23 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     // across it (a row count kept across AgWait's loop costs the same spill).
     const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
                       (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
+    // B first (Prologue::kBFirst): the CTA's first unit, if its rows are still in flight, loads
+    // B's first k blocks into the (all free) ring before waiting for A, so that the wait overlaps
+    // reading B, the whole cost of a small-m GEMM; stage and phase then point past them (the
+    // count A's loads after the wait recover: no register held across the wait, which spilled).
+    if constexpr (Prologue::kBFirst) {
+      static_assert(!kRefill && Prologue::kSlabWait, "B first: the producer alone loads, between the slab waits");
+      if (first_unit) {
+        const i32 pre = min(kStages, Prologue::b_first(pro, m0, max(0, min(Cfg::kBoxARows, p.m - m0)), w.kb_begin, w.kb_end));
+        const u32 tx = tail ? stage_tx<Cfg, kALoadTail>(p) : stage_tx<Cfg, kALoadFull>(p);
+        for (i32 i = 0; i < pre; ++i) {  // stages 0.. on the ring's first round: free, no wait
+          ptx::mbar_arrive_expect_tx(&full[i], tx);
+          load_b_block<Cfg>(tmap_b, smem_b, full, (u32)i, w.kb_begin + i, SchedT::col0(p, w.tile_n), b_slice);
+        }
+        stage = (u32)(pre % kStages);
+        phase = pre == kStages ? 1u : 0u;
+      }
+    }
     Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
     auto blocks = [&](i32 kb_first, i32 kb_last) {
       if (tail) {
@@ -99,6 +117,20 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       // for its first slab (between the k loops: a wait inside the loop costs spills)
       for (i32 kb = w.kb_begin; kb < w.kb_end;) {
         const i32 kb_next = min(w.kb_end, Prologue::wait_slabs(pro, m0, max(0, min(Cfg::kBoxARows, p.m - m0)), kb, w.kb_end));
+        if constexpr (Prologue::kBFirst) {
+          if (first_unit) {  // A of the blocks whose B went first (b_first kept them inside kb's slab)
+            first_unit = false;
+            const i32 pre = phase != 0u ? kStages : (i32)stage;
+            for (i32 i = 0; i < pre; ++i) {
+              if (tail) {
+                load_a_block<Cfg, kALoadTail>(tmap_a, tmap_a_tail, smem_a, full, (u32)i, kb + i, m0, a_slice);
+              } else {
+                load_a_block<Cfg, kALoadFull>(tmap_a, tmap_a_tail, smem_a, full, (u32)i, kb + i, m0, a_slice);
+              }
+            }
+            kb += pre;
+          }
+        }
         blocks(kb, kb_next);
         kb = kb_next;
       }
