@@ -95,6 +95,13 @@ struct AgWait {
   static constexpr bool kConsumerRefill = false;
   static constexpr bool kSlabWait = true;  // k-slabs: wait_slabs before each run of landed slabs
 
+  // k block kb's slab (0 without slabs); first..last: the chunks rows [m0, m0 + rows) touch
+  static RAWFLUX_DEVICE i32 span(const Params& pp, i32 m0, i32 rows, i32 kb, i32& first, i32& last) {
+    ag_chunk_span(m0, rows, pp.m_local, first, last);
+    if (last >= pp.world) last = pp.world - 1;
+    return pp.slab_kb > 0 ? kb / pp.slab_kb : 0;
+  }
+
   // Producer thread, before the TMA loads of k block kb (of kb_end) of A rows [m0, m0 + rows):
   // waits (bounded) for kb's slab of every peer chunk those rows touch (slab 0, the whole chunk,
   // without slabs), then looks ahead: returns the first block of the first later slab not yet
@@ -104,10 +111,8 @@ struct AgWait {
   // raise_if_failed / synchronize.
   static RAWFLUX_DEVICE i32 wait_slabs(const Params& pp, i32 m0, i32 rows, i32 kb, i32 kb_end) {
     if (rows <= 0) return kb_end;
-    const i32 slab = pp.slab_kb > 0 ? kb / pp.slab_kb : 0;
     i32 first, last;
-    ag_chunk_span(m0, rows, pp.m_local, first, last);
-    if (last >= pp.world) last = pp.world - 1;
+    const i32 slab = span(pp, m0, rows, kb, first, last);
     // this call's epoch (ag_local_kernel wrote it earlier in stream order)
     const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
     const u32* ready = reinterpret_cast<const u32*>(pp.ready);
@@ -146,10 +151,8 @@ struct AgWait {
   static constexpr bool kBFirst = true;
   static RAWFLUX_DEVICE i32 b_first(const Params& pp, i32 m0, i32 rows, i32 kb, i32 kb_end) {
     if (rows <= 0 || pp.b_first == 0) return 0;
-    const i32 slab = pp.slab_kb > 0 ? kb / pp.slab_kb : 0;
     i32 first, last;
-    ag_chunk_span(m0, rows, pp.m_local, first, last);
-    if (last >= pp.world) last = pp.world - 1;
+    const i32 slab = span(pp, m0, rows, kb, first, last);
     const u32 epoch = *reinterpret_cast<const u32*>(pp.epoch);
     const u32* ready = reinterpret_cast<const u32*>(pp.ready);
     bool pending = false;
