@@ -80,7 +80,8 @@ from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
-from ..tune.ag_order import SLAB_CHOICES, ag_units, chunk_span, pick_slabs, rotation, row_shift
+from ..tune.ag_order import (SLAB_CHOICES, ag_units, chunk_span, cut_tiles_wait_us, pick_slabs, rotation, row_shift,
+                             slab_arrival_us)
 from .gemm import gemm
 from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
@@ -196,8 +197,9 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, 
     k-split pair replaced by its tile without the pair (k-split clusters are compiled for the plain
     GEMM only), and the base's decomposition (split-K, stream-K, split tail, bands, narrow columns;
     split-K k2 for a k-split pair) kept where its plan still runs on this order and grid and the
-    model (tune.estimate_us) has it faster than data-parallel, else data-parallel (always with B
-    (k, n): SCHEDS).
+    model (tune.estimate_us, plus the k-cut tiles' wait for their chunks behind a LINK_GBPS link:
+    cut_tiles_wait_us) has it faster than data-parallel, else data-parallel (always with B (k, n):
+    SCHEDS).
     rawflux.gemm with the result on the gathered A computes bitwise what the fused call does."""
     tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
     group = chunk_group(m // world, tile, max(1, base.group))
@@ -209,10 +211,16 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, 
         return dp
     cand = replace(dp, decomp=decomp)
     try:
-        tune.work_plan(m, n, k, cand, dev.sms)
+        wp = tune.work_plan(m, n, k, cand, dev.sms)
     except ValueError:  # e.g. no narrow-column plan beats the data-parallel grid in this order
         return dp
-    return cand if tune.estimate_us(m, n, k, cand, dev, out_bytes) < tune.estimate_us(m, n, k, dp, dev, out_bytes) else dp
+    t_dp = tune.estimate_us(m, n, k, dp, dev, out_bytes)
+    wait = 0.0
+    if wp.sk_tiles and world > 1:  # the cut tiles' wait behind a link (rank 0's: every rank picks alike)
+        units = ag_units(m, n, world, 0, tile, group)
+        arrivals = [a[0] for a in slab_arrival_us(world, 0, m // world, k, 2, LINK_GBPS, 1)]
+        wait = cut_tiles_wait_us(units, wp.sk_tiles, tile, m, world, arrivals, t_dp * (len(units) - wp.sk_tiles) / len(units))
+    return cand if tune.estimate_us(m, n, k, cand, dev, out_bytes) + wait < t_dp else dp
 
 
 def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsize: int, gbps: float = LINK_GBPS,
@@ -445,6 +453,7 @@ class _Fast:
     out_span: int
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
     starts: Blocks | None = None  # world > 1: the call's start and ("sm") copy kernel, packed once
+    cfg: GemmConfig | None = None  # world > 1: the GEMM's configuration (the op's last_config after a fast call)
 
 
 @dataclass(frozen=True)
@@ -745,7 +754,7 @@ class AGGemm(CollectiveOp):
                                           (self._copy_args(0, src_pitch, m_loc, slabs),))
             starts = Blocks(local, copy)
         return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, slabs, spans, fastpath.byte_span(m, n, ldc, od.itemsize),
-                     new_out, starts)
+                     new_out, starts, self.last_config if self.world > 1 else None)
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
@@ -764,6 +773,7 @@ class AGGemm(CollectiveOp):
             else:
                 with self._device():
                     self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs, f.starts)
+                self.last_config = f.cfg
         return out
 
     def _call(self, c: Call, return_gathered: bool):

@@ -127,6 +127,19 @@ def slab_arrival_us(world: int, rank: int, m_local: int, k: int, itemsize: int, 
     return out
 
 
+def cut_tiles_wait_us(units, sk_tiles: int, tile: TileConfig, m: int, world: int, chunk_arrivals, t_cut: float) -> float:
+    """How long the k-cut tiles of a stream-K plan (the last sk_tiles of ``units``) wait past
+    ``t_cut``, when every cluster starts its share of them: the latest arrival (us,
+    chunk_arrivals[q] per chunk) among the chunks they read, less t_cut. Stream-K hands each
+    cluster a slice of the cut tiles' line, so a slice on a late chunk waits at its start where a
+    data-parallel wave would have reached that chunk later."""
+    late = 0.0
+    for cm, _ in units[len(units) - sk_tiles:]:
+        first, last = unit_span(cm, tile, m, world)
+        late = max(late, max(chunk_arrivals[q] for q in range(first, last + 1)))
+    return max(0.0, late - t_cut)
+
+
 def slab_need_us(units, tile: TileConfig, m: int, world: int, slab_arrivals, unit_us: float) -> list[float]:
     """Per unit: the earliest start at which none of its k-slabs arrives after its mainloop reaches
     it, max over slabs j of (latest arrival of slab j among its chunks - j / S of the unit's time);

@@ -774,10 +774,49 @@ def test_fused_config_keeps_the_decompositions_that_pay(world):
                         tune.work_plan(m, n, k, A.replace(cfg, decomp=base.decomp), dev.sms)
                     except ValueError:
                         continue
-                    assert tune.estimate_us(m, n, k, A.replace(cfg, decomp=base.decomp), dev) >= tune.estimate_us(m, n, k, cfg, dev)
+                    cand = A.replace(cfg, decomp=base.decomp)
+                    assert tune.estimate_us(m, n, k, cand, dev) + _cut_wait(cand, m, n, k, world, dev) >= tune.estimate_us(m, n, k, cfg, dev)
                 kn = A.fused_config(base, m, world, 0, rank=rank, n=n, k=k, dev=dev, b_layout="kn")
                 assert kn == dp
     assert {"tail", "band"} <= kept, kept
+
+
+def _cut_wait(cfg, m, n, k, world, dev):
+    """The k-cut tiles' wait fused_config charges cfg with (ag_order.cut_tiles_wait_us, rank 0)."""
+    from rawflux import tune
+    from rawflux.tune.ag_order import ag_units, cut_tiles_wait_us, slab_arrival_us
+
+    wp = tune.work_plan(m, n, k, cfg, dev.sms)
+    if not wp.sk_tiles:
+        return 0.0
+    units = ag_units(m, n, world, 0, cfg.tile, cfg.group)
+    arr = [a[0] for a in slab_arrival_us(world, 0, m // world, k, 2, A.LINK_GBPS, 1)]
+    t_dp = tune.estimate_us(m, n, k, A.replace(cfg, decomp=tune.DP), dev)
+    return cut_tiles_wait_us(units, wp.sk_tiles, cfg.tile, m, world, arr, t_dp * (len(units) - wp.sk_tiles) / len(units))
+
+
+def test_fused_config_drops_stream_k_that_waits_at_its_start():
+    """Banded stream-K over the whole order (gate_up at W = 8, m = 4096 on 65 clusters: every tile
+    cut in k) hands the clusters slices of the order from the start, so the slices on the last
+    chunks wait ~(W - 1) chunk times at t = 0: behind the emulated link it took 1.30x the GEMM
+    where data-parallel takes ~1.07x. On 66 clusters the same bands cut only the last 184 tiles,
+    which start after the chunks have landed: kept."""
+    from rawflux import tune
+    from rawflux.tune.ag_order import ag_units, cut_tiles_wait_us
+
+    dev = tune.DeviceInfo(132, (9, 0), 50 << 20, "H100")
+    m, n, k, world = 4096, 7168, 8192, 8
+    base = tune.GemmConfig(_tile(128, 256, 2), tune.Decomp("band", 8), 8, True, 0)
+    whole = A.replace(A.fused_config(base, m, world, 0, rank=0, n=n, k=k, dev=dev), ctas=131)
+    assert tune.work_plan(m, n, k, whole, dev.sms).sk_tiles == len(ag_units(m, n, world, 0, whole.tile, whole.group))
+    assert _cut_wait(whole, m, n, k, world, dev) == pytest.approx(7 * (m // world) * k * 2 / A.LINK_GBPS * 1e-3)
+    assert A.fused_config(base, m, world, 131, rank=0, n=n, k=k, dev=dev).decomp == tune.DP
+    kept = A.fused_config(base, m, world, 0, rank=0, n=n, k=k, dev=dev)
+    assert kept.decomp == tune.Decomp("band", 8) and _cut_wait(kept, m, n, k, world, dev) == 0.0
+    # the wait is the latest chunk among the cut tiles, less when their clusters start
+    units = [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert cut_tiles_wait_us(units, 2, _tile(128, 256, 2), 1024, 4, [0.0, 10.0, 20.0, 30.0], 5.0) == 25.0
+    assert cut_tiles_wait_us(units, 1, _tile(128, 256, 2), 1024, 4, [0.0, 10.0, 20.0, 30.0], 40.0) == 0.0
 
 
 def test_link_emulator_arrivals_follow_the_push_schedule():

@@ -207,6 +207,29 @@ def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch,
     assert op.calls == 4
 
 
+def test_ag_gemm_fast_call_sets_last_config(fake_cuda, monkeypatch):  # noqa: F811
+    # last_config is what rawflux.gemm(..., config=) must be given to match a call bitwise: a fast
+    # call of m after a call of another m must leave m's config there (rank 1 rotates per m)
+    from rawflux.engine import planning as P
+
+    monkeypatch.setattr(P, "LaunchBlock", _Block)
+    monkeypatch.setattr(A.engine, "LaunchBlock", _Block)
+    log, _ = fake_cuda
+    rank, world, n, k = 1, 4, 64, 128
+    op = A.AGGemm(OpGroup(rank, world, log), world * 256, n, k, "bf16", copy="sm")
+
+    def call(m_loc):
+        a, b, out = FakeCupy((m_loc, k), ptr=at(0)), FakeCupy((n, k), ptr=at(1)), FakeCupy((m_loc * world, n), ptr=at(2))
+        op(a, b, out=out, stream=S)
+
+    call(256)
+    call(64)
+    calls = op.calls
+    call(256)  # fast
+    assert op.calls == calls + 1 and len(op._fast) == 2
+    assert op.last_config == op.config(4 * 256) and op.last_config.rotate != op.config(4 * 64).rotate
+
+
 def test_ag_gemm_functional_form_reuses_its_op(fake_cuda, monkeypatch):  # noqa: F811
     from rawflux.engine import planning as P
 
