@@ -31,9 +31,10 @@ __global__ void __launch_bounds__(32) link_emu_kernel(const LinkEmuArgs a) {
   for (i32 i = 0; i < a.count; ++i) {
     while (globaltimer_ns() - t0 < due[i]) {
     }
-    // release (sys): orders nothing of this kernel's (the bytes were in place before the call);
-    // the GEMM's acquire of it is the one a real flag would meet
-    st_release_sys_u32(ready + flag[i], epoch);
+    // relaxed (sys), not a release: the bytes were in place before the call (stream order), so
+    // there is nothing to order, and a release's system-scope fence per flag would pace the
+    // releases itself (56 flags at W = 8 with 8 slabs); the GEMM still acquires it
+    st_relaxed_sys_u32(ready + flag[i], epoch);
   }
 }
 
