@@ -148,7 +148,7 @@ def gemm_section(gemm) -> list[str]:
     dates = sorted({r.get("date", "") for r in rows})
     gpus = sorted({f"{r.get('gpu')}, driver {r.get('driver')}" for r in rows})
     out += [f"`benchmarks/results/{name}`: commit {', '.join(commits)}, {', '.join(dates)}, {'; '.join(gpus)}.",
-            "Reproduce: `python benchmarks/gemm.py` (or `bash launch/gpu_suite.sh gemmbench`), then `python benchmarks/report.py`.",
+            "Reproduce: `python benchmarks/gemm.py` (or `launch/gpu_suite.sh gemmbench`), then `python benchmarks/report.py`.",
             "Cells: ratio to the faster cuBLAS (rawflux TFLOP/s), then the config where it is not the 128x256 tile",
             "with a 2x1 cluster and no split (`kN` split-K, `c1k2` the k-split cluster pair, `tail N` split tail,",
             "`band N` banded stream-K, `narrow W` narrow last-wave columns). Shapes are n x k, B as (n, k).", ""]
@@ -388,9 +388,9 @@ def _by_m(rows, cell, nk: bool = True) -> tuple[list, list]:
 
 
 def _stamp(name, rows) -> str:
-    commits = sorted({_short_commit(r.get("commit")) for r in rows})
-    dates = sorted({r.get("date", "") for r in rows})
-    return f"`benchmarks/results/{name}`: commit {', '.join(commits)}, {', '.join(dates)}."
+    """Where a table's rows come from: each commit with its GPU and date (rows of several runs)."""
+    runs = sorted({(r.get("date", ""), _short_commit(r.get("commit")), (str(r.get("gpu", "")).removeprefix("NVIDIA ").split() or [""])[0]) for r in rows})
+    return f"`benchmarks/results/{name}`: " + "; ".join(f"{c} on {g}, {d}" for d, c, g in runs) + "."
 
 
 def tax_section(tax, link=None) -> list[str]:
@@ -398,8 +398,7 @@ def tax_section(tax, link=None) -> list[str]:
     bars = d.get("bar", 1.03)
     bars = bars if isinstance(bars, dict) else {"gemm_rs": bars}
     out = ["## The fusion tax (one GPU, no link)", "",
-           "Each fused kernel with nothing to wait for against rawflux.gemm's pick on the same problem",
-           "(`python benchmarks/fusion_tax.py`).", ""]
+           "Each fused kernel, nothing to wait for, against rawflux.gemm's pick (`python benchmarks/fusion_tax.py`).", ""]
     rs = [r for r in d["rows"] if r.get("op", "gemm_rs") == "gemm_rs"]
     if rs:
         bar = bars.get("gemm_rs", 1.03)
@@ -436,10 +435,10 @@ def tax_section(tax, link=None) -> list[str]:
         gbps = sorted({r["link_gbps"] for r in rows})
         ms, table = _by_m(rows, lambda r: f"{r['ratio']:.2f} ({r.get('whole_chunks_ms', r['fused_ms']) / r['bound_ms']:.2f})", nk=False)
         over = sum(r["ratio"] > bar and r["m"] >= from_m for r in rows)
-        out += ["## AllGather-GEMM behind the link emulator (one GPU)", "",
-                f"{_stamp(lname, rows)} Chunk and slab flags released when a {', '.join(f'{g:g}' for g in gbps)} GB/s link would deliver",
-                "them (rawflux/bench/ag_local.py). Cells: fused, in the op's k-slabs, / max(rawflux.gemm, T_gather) (the same",
-                f"with whole chunks). Bar <= {bar} at m >= {from_m}.", ""]
+        out += ["## AllGather-GEMM behind an emulated link (one GPU)", "",
+                f"{_stamp(lname, rows)} Flags released when a {', '.join(f'{g:g}' for g in gbps)} GB/s link would deliver",
+                "the chunks (rawflux/bench/ag_local.py). Cells: fused (k-slabs) / max(rawflux.gemm, T_gather)",
+                f"(whole chunks). Bar <= {bar} at m >= {from_m}.", ""]
         out += _table(["W", "layer"] + [f"m = {m}" for m in ms], table)
         out += ["", f"{sum(r['m'] >= from_m for r in rows) - over} of {sum(r['m'] >= from_m for r in rows)} points within the bar; "
                 f"worst {max(r['ratio'] for r in rows):.3f}.", ""]
