@@ -252,6 +252,7 @@ def max_active_clusters(kernel, threads: int, smem: int, cluster: int) -> int:
 
 _ws_lock = threading.Lock()
 _workspaces: dict[tuple[int, int], tuple] = {}
+_retired: list[tuple] = []  # grown-out workspaces (see workspace())
 
 
 def workspace(device_id: int, stream: int, ws_bytes: int, n_counters: int) -> tuple[int, int]:
@@ -270,9 +271,9 @@ def workspace(device_id: int, stream: int, ws_bytes: int, n_counters: int) -> tu
             ctr = cupy.zeros(max(n_counters, cur[1].size if cur else 0, 1024), dtype=cupy.uint32)
         entry = (ws, ctr, int(ws.data.ptr), int(ctr.data.ptr))
         if cur is not None:
-            # The old buffers may still be in use by queued launches on this stream: keep them alive
-            # until the stream has passed this point.
-            with use_stream(stream, device_id):
-                cupy.cuda.get_current_stream().synchronize()
+            # The old buffers stay allocated for good: the plans cached with their pointers (engine.plan,
+            # the fused ops' fast entries) launch into them again, and freed to CuPy's pool they
+            # would be handed to the caller's arrays, which a later split's partials then overwrite.
+            _retired.append(cur)
         _workspaces[key] = entry
         return entry[2], entry[3]
