@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the proof, in stages that each fit one device call. Logs go to $OUT (or
 # ./.out); the whole output of the pytest, ag, rs and nn stages to $OUT/suite/.
-# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs ar nn tune rslocal tax hostcost soak mpi bench gemmbench agce agdiag sanitize
+# Usage: bash launch/gpu_suite.sh STAGE...   stages: env pytest dist ag rs ar nn tune rslocal tax hostcost soak mpi bench gemmbench agce agsm agdiag sanitize
 # REAL=1: the multi-rank stages run one rank per GPU (rawflux-launch -n) instead of the emulated
 # node (MPS); WORLDS / MPI_WORLDS / BENCH_WORLD then name GPU counts.
 set -uo pipefail
@@ -124,6 +124,9 @@ for stage in "$@"; do
         log ag_gemm ce paths world $w without MPS
         timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/ce" 2>&1 | grep -a -E "ag_gemm world=" | first 30 || rc=1
       done ;;
+    agsm)
+      # the sm path's graph / torch_stream failures at 147f4ad, one change at a time (tests/gpu/ag_sm_bisect.py)
+      log ag_sm_bisect; timeout 200 python3 -m rawflux.launch --emulate 2 python3 tests/gpu/ag_sm_bisect.py 2>&1 | grep -a "DIAG" | first 20 || rc=1 ;;
     agdiag)
       # where a stalled ag_gemm call stops (tests/gpu/ag_diag.py). AGDIAG: ';'-separated
       # "world direction copy m_local [extra args]" specs (default: the paths that stalled on 2026-11-29)
