@@ -21,9 +21,10 @@ numbers its calls on the device (its epoch e) and every flag carries e.
       ld.acquire.sys) only for the chunks a tile's rows touch, chunk-major: row segments r, r+1,
       ... (own rows first, then in arrival order), its raster groups never spanning two chunks
       (fused_config), a row shared with chunk r-1 last (rotation); the plain GEMM's scheduler and
-      decompositions (split tail, bands, narrow columns) where the model has them paying. The copies: for q = r-1, r-2,
-      ...: once q has arrived at call e (its GEMM of e - 1, the last reader of its buffer, has
-      ended), copy the shard into q's rows [r*m/W, (r+1)*m/W) (a permutation per step: no two
+      decompositions (split tail, bands, narrow columns) where the model has them paying; a CTA
+      whose first tile still waits loads B's first k blocks before the wait (b_first). The
+      copies: for q = r-1, r-2, ...: once q has arrived at call e (its GEMM of e - 1, the last
+      reader of its buffer, has ended), copy the shard into q's rows [r*m/W, (r+1)*m/W) (a permutation per step: no two
       ranks write one peer at once; chunk r+1 reaches rank r first), then set q's ready[r] = e.
       Every peer's record is compared with this rank's (CallMismatch), off the GEMM's path.
   pull: [s] group barrier (no peer still reads this rank's own rows of call e - 1); ag_local_kernel
