@@ -291,3 +291,38 @@ def test_gemm_repeated_call_launches_what_the_validated_path_does(fake_device, m
     overlapping = FakeCupy((256, 512), ptr=at(0) + 256)  # out over a: the validated path raises
     with pytest.raises(ValueError, match="overlaps"):
         G.gemm(FakeCupy((256, 128), ptr=at(0)), FakeCupy((512, 128), ptr=at(1)), out=overlapping)
+
+
+def test_grown_workspace_stays_allocated(monkeypatch):
+    """engine.workspace grows per (device, stream); the plans cached with the old pointers launch
+    into them again, so the old buffers must not go back to CuPy's pool (where the caller's next
+    arrays would take them and a later split's partials overwrite them)."""
+    import contextlib
+    import importlib
+    import sys
+    import types
+    import weakref
+
+    from rawflux import runtime
+
+    L = importlib.import_module("rawflux.engine.launch")
+
+    class Buf:
+        next_ptr = 1 << 20
+
+        def __init__(self, n, itemsize):
+            self.nbytes, self.size = n * itemsize, n
+            self.data = types.SimpleNamespace(ptr=Buf.next_ptr)
+            Buf.next_ptr += self.nbytes + 256
+
+    fake = types.SimpleNamespace(empty=lambda n, dtype: Buf(n, 1), zeros=lambda n, dtype: Buf(n, 4), uint8="u1", uint32="u4")
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(runtime, "use_stream", lambda stream, device=None: contextlib.nullcontext())
+    monkeypatch.setattr(L, "_workspaces", {})
+    monkeypatch.setattr(L, "_retired", [])
+    small = L.workspace(0, 7, 1 << 10, 8)
+    old = weakref.ref(L._workspaces[(0, 7)][0])
+    assert L.workspace(0, 7, 1 << 9, 4) == small  # fits: the same buffers
+    big = L.workspace(0, 7, 1 << 12, 8)
+    assert big != small and L._workspaces[(0, 7)][0].nbytes == 1 << 12
+    assert old() is not None and old() in [r[0] for r in L._retired]  # still referenced: never freed
