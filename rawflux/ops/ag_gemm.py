@@ -190,6 +190,17 @@ def chunk_group(m_local: int, tile, group: int) -> int:
     return max(d for d in range(1, min(group, rows) + 1) if rows % d == 0)
 
 
+def fused_decomp(cfg: GemmConfig, b_layout: str = "nk") -> tuple:
+    """(tile, decomposition) of cfg as the fused GEMM can run them: a k-split pair becomes its tile
+    without the pair, split-K 2 (k-split clusters are compiled for the plain GEMM only); with B
+    (k, n) data-parallel (SCHEDS)."""
+    if cfg.tile.cluster_k == 1:
+        tile, decomp = cfg.tile, cfg.decomp
+    else:
+        tile, decomp = tune.ksplit_base(cfg.tile), tune.Decomp.split_k(2)
+    return tile, decomp if SCHEDS[b_layout] == engine.PLAIN_SCHED else tune.DP
+
+
 def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, n: int, k: int, dev, out_bytes: int = 2,
                  b_layout: str = "nk") -> GemmConfig:
     """A GEMM configuration as the fused call of rank ``rank`` runs it on (m, n, k): on ``ctas``
@@ -202,15 +213,13 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, 
     cut_tiles_wait_us) has it faster than data-parallel, else data-parallel (always with B (k, n):
     SCHEDS).
     rawflux.gemm with the result on the gathered A computes bitwise what the fused call does."""
-    tile = base.tile if base.tile.cluster_k == 1 else tune.ksplit_base(base.tile)
+    tile, decomp = fused_decomp(base, b_layout)
     group = chunk_group(m // world, tile, max(1, base.group))
     rotate = row_shift(m, world, rank, tile) if world > 1 else 0
     dp = replace(base, tile=tile, decomp=tune.DP, group=group, raster_n=False, ctas=ctas, rotate=rotate)
-    decomp = base.decomp if base.tile.cluster_k == 1 else tune.Decomp.split_k(2)
-    if (decomp.kind == "dp" or SCHEDS[b_layout] != engine.PLAIN_SCHED or (decomp.kind in ("stream_k", "tail", "band") and not tile.stream_k_ok)
-            or (decomp.kind == "narrow" and tile not in tune.NARROW_TILES)):
-        return dp
     cand = replace(dp, decomp=decomp)
+    if decomp == tune.DP or (cand.stream_k and not tile.stream_k_ok) or (cand.narrow and tile not in tune.NARROW_TILES):
+        return dp
     try:
         wp = tune.work_plan(m, n, k, cand, dev.sms)
     except ValueError:  # e.g. no narrow-column plan beats the data-parallel grid in this order
@@ -637,10 +646,7 @@ class AGGemm(CollectiveOp):
         the op's rotation, and on the "sm" path the copy kernel's SMs left free (hazard 1).
         Checked here, before the call issues anything."""
         ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
-        tile = config.tile if config.tile.cluster_k == 1 else tune.ksplit_base(config.tile)
-        decomp = config.decomp if config.tile.cluster_k == 1 else tune.Decomp.split_k(2)
-        if SCHEDS[self.b_layout] != engine.PLAIN_SCHED:
-            decomp = tune.DP
+        tile, decomp = fused_decomp(config, self.b_layout)
         cfg = replace(config, tile=tile, decomp=decomp, ctas=ctas, rotate=row_shift(m, self.world, self.rank, tile))
         engine.check_config(cfg, m, self.n, self.k, sched=SCHEDS[self.b_layout], b_layout=self.b_layout, out_dtype=self.out_dtype,
                             epilogue=engine.plain_epilogue(self.out_dtype), sms=self.sms)

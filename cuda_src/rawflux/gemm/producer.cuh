@@ -3,8 +3,9 @@
 // prologue's wait (the fused AllGather's chunk flags; with k-slabs, before each slab's first
 // block), then per k block waits for a free stage, arms its full barrier with the stage's byte
 // count and issues the TMA loads of A and B (multicast to the cluster peer for the shared
-// operand); a prologue with kBFirst has the first unit's first B blocks loaded before its wait. With the consumer refill (Cfg::kRefill) it loads only each unit's first kStages k
-// blocks and waits on the stages' release counts instead of their empty barriers.
+// operand); a prologue with kBFirst has the first unit's first B blocks loaded before its wait.
+// With the consumer refill (Cfg::kRefill) it loads only each unit's first kStages k blocks and
+// waits on the stages' release counts instead of their empty barriers.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/gemm/load.cuh"
