@@ -34,7 +34,8 @@ ag_order.py's order and arrivals):
   * before the GEMM: the own rows' copy (read and write at DRAM rate) and LAUNCH_US for the call's
     start and the GEMM's launch (no barrier); predicted = that + the last cluster's end. T_gemm_best is the plain pick's own time
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
-Limits: no link contention, latency or per-chunk flag cost; every unit equally long (no slower
+  * with S > 1 k-slabs, ag_order.slab_flag_us: a fixed cost per extra flag a unit waits for.
+Limits: no link contention or latency; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
 Chunks go in k-slabs as the op picks them for the device (ops.ag_gemm.slab_count; an eager "ce"
 call may take fewer, its host's issue time counted: ce_issue_us); --slabs S models S instead.
@@ -346,6 +347,7 @@ class AgPrediction:
     ratio_fused: float  # predicted / max(T_gemm_fused, T_gather)
     ratio_best: float  # predicted / max(T_gemm_best, T_gather)
     slabs: int = 1  # k-slabs per chunk (ag_order's K-slabs; 1: whole chunks)
+    flags_us: float = 0.0  # the slabs' extra flag waits (ag_order.slab_flag_us), in predicted_us
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -404,13 +406,14 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
         w_wait.append(max(sim.wait(u) for u in us))
     copy_us = 2 * m_loc * k * item / dev.dram_bytes_per_s * 1e6  # read the shard, write the own rows
     fixed = copy_us + LAUNCH_US
-    predicted = fixed + sim.gemm_end
+    flags = ag_order.slab_flag_us(order, t, m, world, rank, slabs, g)
+    predicted = fixed + sim.gemm_end + flags
     ctm, ctn = ag_order.ctiles(m, n, t)
     return AgPrediction(t.tag(), cfg.tag(), base.tag(), best.tag(), world, rank, m, n, k, m_loc, dev.sms, g, ctm, ctn,
                         cfg.group, ag_order.row_shift(m, world, rank, t), len(order), waves, unit_us, link_gbps, t_chunk, arr,
                         w_units, w_steps, w_need, w_wait, sum(w_wait), t_fused, t_best, t_gather, copy_us, LAUNCH_US,
                         fixed, sim.gemm_end, predicted, predicted / max(t_fused, t_gather),
-                        predicted / max(t_best, t_gather), slabs)
+                        predicted / max(t_best, t_gather), slabs, flags)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -519,7 +522,8 @@ def _report_ag(p: AgPrediction) -> str:
         f"exposed wait {p.wait_us:.1f} us summed over the waves",
         f"T_gemm_fused {p.t_gemm_fused_us:.1f} us, T_gemm_best {p.t_gemm_best_us:.1f} us, T_gather {p.t_gather_us:.1f} us",
         f"fixed {p.fixed_us:.1f} us (own rows {p.copy_us:.1f} us + start and launch {p.launch_us:.1f} us) "
-        f"+ GEMM end {p.gemm_end_us:.1f} us: predicted {p.predicted_us:.1f} us",
+        f"+ GEMM end {p.gemm_end_us:.1f} us" + (f" + slab flags {p.flags_us:.1f} us" if p.flags_us else "")
+        + f": predicted {p.predicted_us:.1f} us",
         f"predicted / max(T_gemm_fused, T_gather) = {p.ratio_fused:.3f}, predicted / max(T_gemm_best, T_gather) = {p.ratio_best:.3f}",
     ]
     return "\n".join(lines)

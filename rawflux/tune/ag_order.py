@@ -28,10 +28,15 @@ from .configs import TileConfig
 from .plans import raster
 
 __all__ = ["AgSim", "ag_units", "arrival_step", "arrival_us", "chunk_span", "cluster_rows", "ctiles", "rotation", "row_shift",
-           "pick_slabs", "simulate", "simulate_slabs", "slab_arrival_us", "slab_need_us", "unit_need_us", "unit_span", "SLAB_CHOICES", "SLAB_GAIN"]
+           "pick_slabs", "simulate", "simulate_slabs", "slab_arrival_us", "slab_flag_us", "slab_need_us", "unit_need_us", "unit_span",
+           "SLAB_CHOICES", "SLAB_FLAG_US", "SLAB_GAIN"]
 
 SLAB_CHOICES = (1, 2, 4, 8)  # k-slabs per chunk a call may use (kAgMaxSlabs = 8 in fused/ag_gemm.cuh)
 SLAB_GAIN = 0.97  # S > 1 only where the model's GEMM ends this much earlier than with whole chunks
+# Device us a unit pays per extra flag wait, (S - 1) per peer chunk its rows touch: the acquire and
+# the producer's stall at each slab. Emulated link, H100, W = 8 qkv m = 64 (every unit on 7 peer
+# chunks): S = 2 / 4 / 8 cost 0.8 / 2.4 / 8.7 us over whole chunks.
+SLAB_FLAG_US = 0.15
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -155,6 +160,22 @@ def slab_need_us(units, tile: TileConfig, m: int, world: int, slab_arrivals, uni
     return out
 
 
+def slab_flag_us(units, tile: TileConfig, m: int, world: int, rank: int, slabs: int, clusters: int) -> float:
+    """The device time S k-slabs add over whole chunks: SLAB_FLAG_US per extra flag a unit waits
+    for ((S - 1) per peer chunk its rows touch), summed over each cluster's units (c, c + G, ...),
+    the most loaded cluster's sum."""
+    if slabs <= 1:
+        return 0.0
+    peers = {}
+    per_cluster = [0] * max(1, min(clusters, len(units)))
+    for u, (cm, _) in enumerate(units):
+        if cm not in peers:
+            first, last = unit_span(cm, tile, m, world)
+            peers[cm] = max(0, last - first + 1 - (first <= rank <= last))
+        per_cluster[u % len(per_cluster)] += peers[cm]
+    return SLAB_FLAG_US * (slabs - 1) * max(per_cluster)
+
+
 @dataclass(frozen=True)
 class AgSim:
     free: list  # per unit: when its cluster finished the unit before (0 for the first)
@@ -197,9 +218,10 @@ def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: in
     blocks) whose time is within 1 % of the best, and 1 unless that time is SLAB_GAIN of whole
     chunks' or less. A call's time is its simulated GEMM end, or with ``issue_us`` (S -> the host's
     us to issue one call: the copy-engine path's driver calls grow with S) the longer of the two,
-    as back-to-back calls run. The model counts no device cost per slab (flags, waits). Rank 0's
-    view: every rank's arrivals are the same pattern rotated, and the call record compares S."""
+    as back-to-back calls run. Each S also pays slab_flag_us(S) of device time. Rank 0's view:
+    every rank's arrivals are the same pattern rotated, and the call record compares S."""
     ends = {s: simulate_slabs(units, tile, m, k, world, 0, itemsize, gbps, s, clusters, unit_us).gemm_end
+            + slab_flag_us(units, tile, m, world, 0, s, clusters)
             for s in SLAB_CHOICES if k % (s * bk) == 0}
     if issue_us is not None:
         ends = {x: max(t, issue_us(x)) for x, t in ends.items()}
