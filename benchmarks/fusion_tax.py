@@ -17,7 +17,9 @@ chunks in k-slabs (slabs > 1), with whole chunks (column whole_chunks); --slab-s
 tax and the emulated call at every k-slab count S that splits k (records tax_slab_ms / link_slab_ms:
 {S: ms}), for what a slab costs with its flag already set and behind the link. --link-latency-us L
 delays every emulated arrival by L (T_gather includes it); column b_later: the emulated call with
-B's first k blocks loaded after the first wait instead of before it (AGGemm b_first=False).
+B's first k blocks loaded after the first wait instead of before it (AGGemm b_first=False); column
+floor: the emulated call with every flag released at once (what the call's start and the
+emulator's SM cost the GEMM, with no wait).
 CUDA events, warm-up, median of --reps, the competitors interleaved call by call, B (and
 gemm_rs's A) rotated over sets larger than 4x L2. Points are printed; exit status 1 if any
 misses its bar. fusion-tax.json holds the tax records of both ops (records: op, world, m, n, k,
@@ -53,6 +55,7 @@ BAR = 1.03
 AG_TAX_BAR = 1.02
 AG_LINK_BAR = 1.03
 AG_LINK_FROM_M = 1024
+FLOOR_GBPS = 1e7  # the emulated link's floor: every flag due within a few ns of the call's start
 AR_TAX_BAR = 1.05
 AR_MS = "1,16,64,128,256,512"  # gemm_ar is the decode op
 RESULTS = Path(__file__).parent / "results"
@@ -268,6 +271,9 @@ def run_ag(args):
                     finally:
                         ag.op.b_first = True
 
+                def link_floor(i):  # every flag released at once: the call's start and the emulator's SM, no wait
+                    ag.link(shard, b[i], out, m, FLOOR_GBPS, s, cfg_link)
+
                 def plain(i):
                     rawflux.gemm(gath, b[i], out=full, stream=s)
 
@@ -277,10 +283,10 @@ def run_ag(args):
                 sweep = [S for S in SLAB_CHOICES if k % (S * 64) == 0] if args.slab_sweep else []
                 sweep_fns = [lambda i, S=S: ag.tax(b[i], out, m, s, cfg_tax, slabs=S) for S in sweep]
                 sweep_fns += [lambda i, S=S: ag.link(shard, b[i], out, m, G, s, cfg_link, slabs=S, latency_us=lat) for S in sweep]
-                fns = [tax, link, link_pick, plain, same, link_b_later] + ([link_whole] if sl_link > 1 else []) + sweep_fns
+                fns = [tax, link, link_pick, plain, same, link_b_later, link_floor] + ([link_whole] if sl_link > 1 else []) + sweep_fns
                 times = bench_many(fns, nsets, args.reps)
-                t_tax, t_link, t_pick, t_g, t_s, t_later = times[:6]
-                t_whole = times[6] if sl_link > 1 else t_link
+                t_tax, t_link, t_pick, t_g, t_s, t_later, t_floor = times[:7]
+                t_whole = times[7] if sl_link > 1 else t_link
                 n0 = len(fns) - len(sweep_fns)  # the sweep's times: the tax's per S, then the link's
                 tax_sweep = dict(zip(map(str, sweep), times[n0:n0 + len(sweep)]))
                 link_sweep = dict(zip(map(str, sweep), times[n0 + len(sweep):]))
@@ -296,7 +302,8 @@ def run_ag(args):
                       flush=True)
                 print(f"ag-link W={W} {name} m={m} G={G:g}{f' +{lat:g} us' if lat else ''}: fused {t_link * 1e3:8.1f} us  max(gemm, "
                       f"gather {t_gather * 1e3:.1f}) {bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} "
-                      f"(whole chunks {t_whole * 1e3:.1f} us; B after the wait {t_later * 1e3:.1f} us; pick's order {t_pick * 1e3:.1f} us "
+                      f"(arrivals at once {t_floor * 1e3:.1f} us; whole chunks {t_whole * 1e3:.1f} us; B after the wait {t_later * 1e3:.1f} us; "
+                      f"pick's order {t_pick * 1e3:.1f} us "
                       f"{cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
                 if sweep:
                     print(f"ag-slabs W={W} {name} m={m}: S = {' / '.join(tax_sweep)}: tax " + " / ".join(f"{t * 1e3:.1f}" for t in
@@ -309,7 +316,7 @@ def run_ag(args):
                                 | ({"tax_slab_ms": tax_sweep} if sweep else {}))
                 link_rows.append(common | {"fused_ms": t_link, "gather_ms": t_gather, "bound_ms": bound, "ratio": r_link,
                                            "config": cfg_link.tag(), "slabs": sl_link, "whole_chunks_ms": t_whole,
-                                           "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(), "b_later_ms": t_later,
+                                           "pick_order_ms": t_pick, "pick_order_config": cfg_pick.tag(), "b_later_ms": t_later, "floor_ms": t_floor,
                                            "emulated_link": True, "link_gbps": G, "link_latency_us": lat, "rel_err": rel}
                                  | ({"link_slab_ms": link_sweep} if sweep else {}))
                 del ag, gath, shard, b, out, full
