@@ -303,8 +303,7 @@ def run_ag(args):
                 print(f"ag-link W={W} {name} m={m} G={G:g}{f' +{lat:g} us' if lat else ''}: fused {t_link * 1e3:8.1f} us  max(gemm, "
                       f"gather {t_gather * 1e3:.1f}) {bound * 1e3:8.1f} us  ratio {r_link:.3f} {'ok' if ok_link else 'OVER'}  S={sl_link} "
                       f"(arrivals at once {t_floor * 1e3:.1f} us; whole chunks {t_whole * 1e3:.1f} us; B after the wait {t_later * 1e3:.1f} us; "
-                      f"pick's order {t_pick * 1e3:.1f} us "
-                      f"{cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
+                      f"pick's order {t_pick * 1e3:.1f} us {cfg_pick.tag()}; rel err {rel:.1e})", flush=True)
                 if sweep:
                     print(f"ag-slabs W={W} {name} m={m}: S = {' / '.join(tax_sweep)}: tax " + " / ".join(f"{t * 1e3:.1f}" for t in
                           tax_sweep.values()) + " us, link " + " / ".join(f"{t * 1e3:.1f}" for t in link_sweep.values()) + " us",

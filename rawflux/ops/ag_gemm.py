@@ -81,8 +81,8 @@ from ..jit import register
 from ..runtime import (DType, Tensor, as_tensor, check_matrix, check_out, fastpath, intake_stream, new_output, resolve_stream,
                        wrap_output)
 from ..tune import GemmConfig
-from ..tune.ag_order import (SLAB_CHOICES, ag_units, chunk_span, cut_tiles_wait_us, pick_slabs, rotation, row_shift,
-                             slab_arrival_us)
+from ..tune.ag_order import (SLAB_CHOICES, ag_units, arrival_us, chunk_span, cut_tiles_wait_us, pick_slabs, rotation,
+                             row_shift)
 from .gemm import gemm
 from ._collective import DTYPE_CODE, META_SLOT_BYTES, FunctionalFast, CollectiveOp, OpCache, resolve_group, scratch_matrix
 
@@ -228,7 +228,7 @@ def fused_config(base: GemmConfig, m: int, world: int, ctas: int, *, rank: int, 
     wait = 0.0
     if wp.sk_tiles and world > 1:  # the cut tiles' wait behind a link (rank 0's: every rank picks alike)
         units = ag_units(m, n, world, 0, tile, group)
-        arrivals = [a[0] for a in slab_arrival_us(world, 0, m // world, k, 2, LINK_GBPS, 1)]
+        arrivals = arrival_us(world, 0, m // world, k, 2, LINK_GBPS)
         wait = cut_tiles_wait_us(units, wp.sk_tiles, tile, m, world, arrivals, t_dp * (len(units) - wp.sk_tiles) / len(units))
     return cand if tune.estimate_us(m, n, k, cand, dev, out_bytes) + wait < t_dp else dp
 

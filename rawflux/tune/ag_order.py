@@ -164,8 +164,12 @@ def slab_flag_us(units, tile: TileConfig, m: int, world: int, rank: int, slabs: 
     """The device time S k-slabs add over whole chunks: SLAB_FLAG_US per extra flag a unit waits
     for ((S - 1) per peer chunk its rows touch), summed over each cluster's units (c, c + G, ...),
     the most loaded cluster's sum."""
-    if slabs <= 1:
-        return 0.0
+    return SLAB_FLAG_US * (slabs - 1) * _peer_waits(units, tile, m, world, rank, clusters) if slabs > 1 else 0.0
+
+
+def _peer_waits(units, tile: TileConfig, m: int, world: int, rank: int, clusters: int) -> int:
+    """The most loaded cluster's peer-chunk waits: per unit, the peer chunks its rows touch,
+    summed over each cluster's units (c, c + G, ...)."""
     peers = {}
     per_cluster = [0] * max(1, min(clusters, len(units)))
     for u, (cm, _) in enumerate(units):
@@ -173,7 +177,7 @@ def slab_flag_us(units, tile: TileConfig, m: int, world: int, rank: int, slabs: 
             first, last = unit_span(cm, tile, m, world)
             peers[cm] = max(0, last - first + 1 - (first <= rank <= last))
         per_cluster[u % len(per_cluster)] += peers[cm]
-    return SLAB_FLAG_US * (slabs - 1) * max(per_cluster)
+    return max(per_cluster)
 
 
 @dataclass(frozen=True)
@@ -218,11 +222,11 @@ def pick_slabs(units, tile: TileConfig, m: int, k: int, world: int, itemsize: in
     blocks) whose time is within 1 % of the best, and 1 unless that time is SLAB_GAIN of whole
     chunks' or less. A call's time is its simulated GEMM end, or with ``issue_us`` (S -> the host's
     us to issue one call: the copy-engine path's driver calls grow with S) the longer of the two,
-    as back-to-back calls run. Each S also pays slab_flag_us(S) of device time. Rank 0's view:
+    as back-to-back calls run. Each S also pays slab_flag_us of device time. Rank 0's view:
     every rank's arrivals are the same pattern rotated, and the call record compares S."""
+    waits = _peer_waits(units, tile, m, world, 0, clusters)
     ends = {s: simulate_slabs(units, tile, m, k, world, 0, itemsize, gbps, s, clusters, unit_us).gemm_end
-            + slab_flag_us(units, tile, m, world, 0, s, clusters)
-            for s in SLAB_CHOICES if k % (s * bk) == 0}
+            + SLAB_FLAG_US * (s - 1) * waits for s in SLAB_CHOICES if k % (s * bk) == 0}
     if issue_us is not None:
         ends = {x: max(t, issue_us(x)) for x, t in ends.items()}
     best = min(ends.values())
