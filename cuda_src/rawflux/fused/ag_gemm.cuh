@@ -264,10 +264,11 @@ struct AgLocalArgs {
   u32 pad;
 };
 
-// Thread 0: tell every peer that this rank has started call e (its sync buffer's arrive[rank]).
-RAWFLUX_DEVICE void ag_arrive(const AgLocalArgs& a, i32 rank, i32 world, u32 e) {
+// One warp: tell every peer that this rank has started call e (its sync buffer's arrive[rank]),
+// lane q for peers q, q + 32, ...: side by side, a call pays one release per 32 peers, not W - 1.
+RAWFLUX_DEVICE void ag_arrive(const AgLocalArgs& a, i32 lane, i32 rank, i32 world, u32 e) {
   const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
-  for (i32 q = 0; q < world; ++q) {
+  for (i32 q = lane; q < world; q += 32) {
     // release (sys): this rank's own rows, counted before (kAgArriveLate), reach the peer before its
     // acquire of the arrival; without it the store orders only what stream order already ended
     // (this rank's GEMM of the previous call, the last reader of the rows peers write)
@@ -278,31 +279,44 @@ RAWFLUX_DEVICE void ag_arrive(const AgLocalArgs& a, i32 rank, i32 world, u32 e) 
 RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
   const GroupCtrl* g = reinterpret_cast<const GroupCtrl*>(a.group_ctrl);
   const i32 rank = g->rank, world = g->world;
+  const i32 lane = (i32)(threadIdx.x % 32);
   u32* epoch = ag_word(a.sync, kAgEpochOffset);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    // The op's epoch: this thread is its only writer, and every reader of the previous value (the
+  if (blockIdx.x == 0 && threadIdx.x < 32) {
+    // The op's epoch: lane 0 is its only writer, and every reader of the previous value (the
     // last call's kernels and copies) is earlier in stream order.
-    const u32 e = *epoch + 1;
-    *epoch = e;
+    u32 e = 0;
+    if (lane == 0) {
+      e = *epoch + 1;
+      *epoch = e;
+    }
+    e = __shfl_sync(0xffffffffu, e, 0);
+    // lane q pushes the record into ranks q, q + 32, ... (its own slot too: ag_check_records reads it)
     const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
-    for (i32 q = 0; q < world; ++q) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
-    if (!(a.flags & kAgArriveLate)) ag_arrive(a, rank, world, e);
+    for (i32 q = lane; q < world; q += 32) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
+    if (!(a.flags & kAgArriveLate)) ag_arrive(a, lane, rank, world, e);
   }
   ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), (i64)a.row_vecs * 16, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local,
                       a.row_vecs, blockIdx.x, gridDim.x);
   if (a.flags == 0) return;
   __syncthreads();  // joins the CTA: every thread's rows precede thread 0's fence
-  if (threadIdx.x != 0) return;
-  // fence (sys) + count = release: this CTA's rows are visible (to the peers that pull them) before it is counted
-  fence_acq_rel_sys();
-  u32* done = ag_word(a.sync, kAgLocalDoneOffset);
-  if (atomicAdd(done, 1u) != gridDim.x - 1) return;
-  *done = 0u;  // every CTA is counted: zero for the next launch
-  // fence (sys) = acquire of the other CTAs' counted rows and of CTA 0's epoch
-  fence_acq_rel_sys();
+  if (threadIdx.x >= 32) return;
+  bool last = false;
+  if (lane == 0) {
+    // fence (sys) + count = release: this CTA's rows are visible (to the peers that pull them) before it is counted
+    fence_acq_rel_sys();
+    u32* done = ag_word(a.sync, kAgLocalDoneOffset);
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (last) {
+      *done = 0u;  // every CTA is counted: zero for the next launch
+      // fence (sys) = acquire of the other CTAs' counted rows and of CTA 0's epoch
+      fence_acq_rel_sys();
+    }
+  }
+  if (!__shfl_sync(0xffffffffu, (int)last, 0)) return;
+  __syncwarp();  // joins the warp: lane 0's acquire above precedes every lane's release in ag_arrive
   const u32 e = ld_volatile_u32(epoch);
-  if (a.flags & kAgArriveLate) ag_arrive(a, rank, world, e);
-  if (a.flags & kAgGate) {
+  if (a.flags & kAgArriveLate) ag_arrive(a, lane, rank, world, e);
+  if (lane == 0 && (a.flags & kAgGate)) {
     const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, e);
     const u32* arrive = ag_word(a.sync, kAgArriveOffset);
     for (i32 q = 0; q < world; ++q) {
