@@ -31,7 +31,8 @@ ag_order.py's order and arrivals):
     unit starting once its cluster is free and the latest chunk its rows touch has landed;
   * chunk rank + s lands at s x T_chunk (m/W x k bytes over one link; push and pull alike), the own
     chunk at 0; T_gather = (W - 1) T_chunk;
-  * before the GEMM: the own rows' copy (read and write at DRAM rate) and LAUNCH_US for the call's
+  * before the GEMM: the copy of the own rows that share a tile with a peer's (push: the rest is
+    read in place; ops.ag_gemm.edge_rows), read and write at DRAM rate, and LAUNCH_US for the call's
     start and the GEMM's launch (no barrier); predicted = that + the last cluster's end. T_gemm_best is the plain pick's own time
     (rawflux.gemm on the gathered A), for the ratio against an unfused lower bound.
   * with S > 1 k-slabs, ag_order.slab_flag_us: a fixed cost per extra flag a unit waits for.
@@ -64,7 +65,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import tune
 from .ops.ag_gemm import DTYPES as AG_DTYPES
-from .ops.ag_gemm import _check_nk, fused_config, slab_count
+from .ops.ag_gemm import _check_nk, edge_rows, fused_config, slab_count
 from .ops.gemm_rs import PARTIALS, choose_config, rs_tiles
 from .runtime import DType
 from .tune import ag_order
@@ -339,7 +340,7 @@ class AgPrediction:
     t_gemm_fused_us: float
     t_gemm_best_us: float
     t_gather_us: float
-    copy_us: float  # own shard -> own rows of the gathered buffer
+    copy_us: float  # the own shard's edge rows -> own rows of the gathered buffer
     launch_us: float  # the call's start + the GEMM's launch
     fixed_us: float
     gemm_end_us: float  # after the GEMM starts
@@ -404,7 +405,8 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
         w_steps.append(sorted(steps))
         w_need.append(max(need[u] for u in us))
         w_wait.append(max(sim.wait(u) for u in us))
-    copy_us = 2 * m_loc * k * item / dev.dram_bytes_per_s * 1e6  # read the shard, write the own rows
+    head, tail = edge_rows(m_loc, rank, t.bm)
+    copy_us = 2 * (head + m_loc - tail) * k * item / dev.dram_bytes_per_s * 1e6  # read the shard's edge rows, write them
     fixed = copy_us + LAUNCH_US
     flags = ag_order.slab_flag_us(order, t, m, world, rank, slabs, g)
     predicted = fixed + sim.gemm_end + flags
@@ -521,7 +523,7 @@ def _report_ag(p: AgPrediction) -> str:
     lines += [
         f"exposed wait {p.wait_us:.1f} us summed over the waves",
         f"T_gemm_fused {p.t_gemm_fused_us:.1f} us, T_gemm_best {p.t_gemm_best_us:.1f} us, T_gather {p.t_gather_us:.1f} us",
-        f"fixed {p.fixed_us:.1f} us (own rows {p.copy_us:.1f} us + start and launch {p.launch_us:.1f} us) "
+        f"fixed {p.fixed_us:.1f} us (own edge rows {p.copy_us:.1f} us + start and launch {p.launch_us:.1f} us) "
         f"+ GEMM end {p.gemm_end_us:.1f} us" + (f" + slab flags {p.flags_us:.1f} us" if p.flags_us else "")
         + f": predicted {p.predicted_us:.1f} us",
         f"predicted / max(T_gemm_fused, T_gather) = {p.ratio_fused:.3f}, predicted / max(T_gemm_best, T_gather) = {p.ratio_best:.3f}",

@@ -1,6 +1,6 @@
 """Where the emulated-link call's time goes over the tax (one GPU, rawflux/bench/ag_local.py):
 per point, the medians of (1) the tax on its config (every SM), (2) the tax on the link's config
-(one SM fewer), (3) ag_local alone (epoch and the own rows' copy), (4) the link call with arrivals
+(one SM fewer), (3) ag_local alone (epoch and the own edge rows' copy), (4) the link call with arrivals
 at once (G = 1e7 GB/s), (5) the link call at G, (6) (4) and (7) (5) on the tax's config (the GEMM
 on every SM beside the emulator's CTA). Diagnostic: prints, writes nothing.
 
@@ -45,7 +45,7 @@ def main() -> int:
             "gemm": lambda i: rawflux.gemm(gath, b[i], out=full, stream=s),
             "tax": lambda i: ag.tax(b[i], out, m, s, c_tax),
             "tax_linkcfg": lambda i: ag.tax(b[i], out, m, s, c_link, slabs=sl),
-            "local_only": lambda i: ag.op._launch_local(s, shard.data_ptr(), pitch, m_loc, rec, flags=0),
+            "local_only": lambda i: ag.op._launch_local(s, shard.data_ptr(), pitch, m_loc, rec, flags=0, edges=ag.op._edges(m_loc, c_link, False)),
             "link_instant": lambda i: ag.link(shard, b[i], out, m, 1e7, s, c_link, slabs=sl),
             "link": lambda i: ag.link(shard, b[i], out, m, G, s, c_link, slabs=sl),
             "link_instant_p0": lambda i: ag.link(shard, b[i], out, m, 1e7, s, c_tax, slabs=sl),

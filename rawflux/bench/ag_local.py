@@ -10,7 +10,8 @@ flags are released:
     each rank, chunk r + 1 first), so the GEMM waits as it would behind a link of G GB/s. With S
     k-slabs, slab j of that chunk's flag at (j x (W - 1) + s) x chunk_bytes / (S x G) (slab-major,
     as the copies go). The own
-    rows are copied into the gathered buffer first, as a call's start (ag_local_kernel) does. Not
+    rows are read as a call reads them: a tile wholly inside the own chunk from a_shard in place
+    (the tax: from the gathered buffer's own rows), the edge rows copied first. Not
     modelled: the peers' arrivals and the call-record check, and the HBM writes the arriving
     chunks would make. The
     emulator's CTA takes one SM from the GEMM (131 of 132 on an H200), which the times include.
@@ -59,7 +60,8 @@ class AgLocal:
 
     AgLocal(world, max_m, n, k, dtype="bf16"): n is this rank's n (n_local), k the full k.
     ``gathered(m)`` is the (m, k) CuPy view the GEMM reads (fill it before timing: the peers'
-    rows stay as filled, the own rows are rewritten from a_shard by each ``link`` call);
+    rows stay as filled; a ``link`` call reads a_shard in place and copies only its edge rows,
+    ops.ag_gemm.edge_rows, so fill the own rows with a_shard's);
     ``tax(b, out, m, stream)`` and ``link(a_shard, b, out, m, gbps, stream)`` issue one call each;
     ``config(m, link=)`` is the configuration each runs (the op's rule: ops.ag_gemm.fused_config),
     ``slabs(m, cfg)`` its k-slabs (the op's pick; ``slabs=`` overrides it per call).
@@ -130,9 +132,12 @@ class AgLocal:
     def failed(self) -> int:
         return self.status.state()
 
-    def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool, slabs: int) -> None:
-        op = self.op
-        op._launch_gemm(s, op._prepare_gemm(s, cfg, m // self.world, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0, slabs), pdl=pdl)
+    def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool, slabs: int, own: tuple[int, int]) -> None:
+        """The fused GEMM, its own tiles reading ``own`` (pointer, row pitch in bytes) in place as a call's would."""
+        op, m_loc = self.op, m // self.world
+        edges = op._edges(m_loc, cfg, False)
+        op._launch_gemm(s, op._prepare_gemm(s, cfg, m_loc, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0, slabs,
+                                            own if edges[0] < edges[1] else None), pdl=pdl)
         op.last_config = cfg
 
     def tax(self, b, out, m: int, stream: int, cfg=None, slabs: int | None = None) -> None:
@@ -141,8 +146,10 @@ class AgLocal:
         cfg = cfg or self.config(m)
         op = self.op
         link_sync, op._sync = op._sync, self._sync_tax  # the GEMM's waits read the tax's flags
+        m_loc = m // self.world
+        own = (op._gath.ptr + self.rank * op.chunk_bytes(m_loc), op.row_bytes)  # the own rows, as filled, read in place
         try:
-            self._gemm(stream, cfg, m, b, out, pdl=False, slabs=self.slabs(m, cfg) if slabs is None else slabs)
+            self._gemm(stream, cfg, m, b, out, pdl=False, slabs=self.slabs(m, cfg) if slabs is None else slabs, own=own)
         finally:
             op._sync = link_sync
 
@@ -161,7 +168,9 @@ class AgLocal:
             raise ValueError(f"AgLocal.link: a_shard is {tuple(ta.shape)}, not ({m_loc}, {op.k})")
         cfg = cfg or self.config(m, link=True)
         slabs = self.slabs(m, cfg) if slabs is None else int(slabs)
-        op._launch_local(stream, ta.ptr, ta.strides[0] * ta.itemsize, m_loc, self._record, flags=0)  # the epoch, own rows
+        pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else op.row_bytes
+        # the epoch, the own rows a tile shares with a peer's (the GEMM reads the rest of a_shard in place)
+        op._launch_local(stream, ta.ptr, pitch, m_loc, self._record, flags=0, edges=op._edges(m_loc, cfg, False))
         runtime.memsetAsync(self._ready_ptr, 0, 4 * W * A.MAX_SLABS, stream)  # no peer chunk of this call has landed
         key = (m, float(gbps), slabs, float(latency_us))
         if key not in self._due:
@@ -171,4 +180,4 @@ class AgLocal:
         due, flag = self._due[key]
         args = LINK_EMU_ARGS.pack(self._ready_ptr, op.epoch_ptr, int(due.data.ptr), int(flag.data.ptr), len(due), 0)
         engine.launch(self._emu, 1, 32, 1, 0, stream, (args,))
-        self._gemm(stream, cfg, m, b, out, pdl=True, slabs=slabs)
+        self._gemm(stream, cfg, m, b, out, pdl=True, slabs=slabs, own=(ta.ptr, pitch))

@@ -131,6 +131,11 @@ class GemmPlan:
         tmap_a = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.box_a[0], self.box_a[1])
         return tmap_a, (tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.a_tail, self.box_a[1]) if self.a_tail else tmap_a)
 
+    def a_map(self, a_ptr: int, rows: int, lda: int) -> bytes:
+        """A map of ``rows`` rows of A's k columns at a_ptr (pitch lda), with A's box: a fused
+        prologue's own map (AgWait::Params.own_map)."""
+        return tensor_map_code(a_ptr, self.tmap_code, rows, self.mnk[2], lda, self.box_a[0], self.box_a[1])
+
     def b_map(self, b_ptr: int, ldb: int) -> bytes:
         _, n, k = self.mnk
         if self.b_layout == "nk":
@@ -162,6 +167,10 @@ class BoundGemm:
         self.block.write(_PROLOGUE_SLOT, prologue_params)
         self._a = self._b = None
         self._out = None  # (out, bias) pointers the epilogue's params were last written for
+
+    def set_prologue(self, raw: bytes, offset: int = 0) -> None:
+        """Rewrite the prologue's params from byte ``offset`` (a fused call's own map)."""
+        self.block.write(_PROLOGUE_SLOT, raw, offset)
 
     def point(self, a_ptr: int, b_ptr: int) -> None:
         """A at a_ptr, B at b_ptr (pitches as bound)."""

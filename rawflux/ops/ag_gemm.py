@@ -16,9 +16,12 @@ How a call runs (rank r, caller's stream s; the hazards of docs/ARCHITECTURE.md;
 the exact order, tests/cpu simulate it across ranks). No per-call barrier (push): each op object
 numbers its calls on the device (its epoch e) and every flag carries e.
   push (default): [s] ag_local_kernel: e = epoch + 1; this rank's call record into every peer;
-      arrive[r] = e at every peer (this rank's GEMM of call e - 1 has ended: stream order); own
-      shard -> own rows of the gathered buffer. Then the GEMM, whose TMA producer waits (bounded,
-      ld.acquire.sys) only for the chunks a tile's rows touch, chunk-major: row segments r, r+1,
+      arrive[r] = e at every peer (this rank's GEMM of call e - 1 has ended: stream order); the
+      own rows that share a BM-row tile with a peer's -> the gathered buffer (edge_rows: a tile
+      wholly inside the own chunk reads a_shard in place, through AgWait's own tensor map; every
+      own row is copied on pull and where the call returns the gathered A). Then the GEMM,
+      whose TMA producer waits (bounded, ld.acquire.sys) only for the chunks a tile's rows
+      touch, chunk-major: row segments r, r+1,
       ... (own rows first, then in arrival order), its raster groups never spanning two chunks
       (fused_config), a row shared with chunk r-1 last (rotation); the plain GEMM's scheduler and
       decompositions (split tail, bands, narrow columns) where the model has them paying; a CTA
@@ -107,8 +110,10 @@ B_LAYOUTS = ("nk", "kn")
 
 # Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
 # them against the CUDA structs with NVRTC static_asserts.
-AG_WAIT_PARAMS = struct.Struct("<QQQiiiiii")  # AgWait::Params: group_ctrl, ready, epoch, m_local, rank, world, slab_kb, b_first, pad
-AG_LOCAL_ARGS = struct.Struct("<QQQQQqiiII")  # AgLocalArgs: group_ctrl, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, pad
+# AgWait::Params is its own_map (a CUtensorMap, 128 bytes) followed by AG_WAIT_PARAMS (wait_params).
+OWN_MAP_BYTES = 128
+AG_WAIT_PARAMS = struct.Struct("<QQQiiiiii16x")  # group_ctrl, ready, epoch, m_local, rank, world, slab_kb, b_first, own_rows, (pad to 64)
+AG_LOCAL_ARGS = struct.Struct("<QQQQQqiiIiii")  # AgLocalArgs: group_ctrl, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, head, tail, pad
 AG_COPY_ARGS = struct.Struct("<QQQQQQqiiii")  # AgCopyArgs: group_ctrl, src, gath_peers, sync, sync_peers, counters, src_pitch, m_local, row_vecs, mode, slabs
 CALL_RECORD = struct.Struct("<16I")  # CallRecord (comm/call_record.cuh)
 LOCAL_ARRIVE_LATE, LOCAL_GATE = 1, 2  # kAgArriveLate, kAgGate
@@ -129,6 +134,21 @@ def ce_issue_us(world: int, slabs: int, sides: int = 1, barrier: bool = False) -
     launches (and pull's barrier), the fork (one record, a wait per side stream) and the join (a
     record and a wait per side stream), at CE_CALL_US each."""
     return CE_CALL_US * (2 * slabs * (world - 1) + 4 + 3 * sides + int(barrier))
+
+
+def wait_params(own_map: bytes, *fields) -> bytes:
+    """AgWait::Params: the own rows' map (zeros where no tile reads them in place), then AG_WAIT_PARAMS's fields."""
+    return bytes(own_map) + AG_WAIT_PARAMS.pack(*fields)
+
+
+def edge_rows(m_local: int, rank: int, bm: int) -> tuple[int, int]:
+    """(head, tail): the own rows the call's start copies into the gathered buffer when the GEMM
+    reads the rest in place, [0, head) and [tail, m_local): those in a BM-row tile that also holds
+    a peer's rows or runs past m (AgWait::own_tile: a tile wholly inside the own chunk reads the shard)."""
+    r0, r1 = rank * m_local, (rank + 1) * m_local
+    first = min(-(-r0 // bm) * bm, r1)  # the first own tile's first row
+    last = max(first, r1 // bm * bm)  # past the last own tile
+    return first - r0, last - r0
 
 
 def ready_index(chunk: int, slab: int = 0) -> int:
@@ -165,7 +185,7 @@ def pull_sources(rank: int, world: int) -> list[int]:
 
 def arrival_order(rank: int, world: int) -> list[int]:
     """Chunks in the order they land on ``rank`` (both directions) and the GEMM visits them: own
-    first (in place before the GEMM starts), then rank+1, rank+2, ..."""
+    first (never waited for: read in place or copied before the GEMM starts), then rank+1, rank+2, ..."""
     return [(rank + s) % world for s in range(world)]
 
 
@@ -252,7 +272,7 @@ def slab_count(cfg: GemmConfig, m: int, n: int, k: int, world: int, dev, itemsiz
 class Step:
     """One action of a call, in issue order. kind:
       local     ag_local_kernel (main stream): the epoch, the call record into every peer, the
-                arrival, own shard -> own gathered rows; on "ce" its last CTA waits for every
+                arrival, own shard's edge rows (all on pull) -> own gathered rows; on "ce" its last CTA waits for every
                 peer's arrival (``gate``)
       barrier   group barrier (main stream; pull only)
       fork      side streams start after the main stream's work so far
@@ -464,6 +484,7 @@ class _Fast:
     new_out: object  # makes a new output like the validated call's (None: that call passed out=)
     starts: Blocks | None = None  # world > 1: the call's start and ("sm") copy kernel, packed once
     cfg: GemmConfig | None = None  # world > 1: the GEMM's configuration (the op's last_config after a fast call)
+    own_ptr: int = 0  # world > 1, own tiles read in place: the a_shard its GEMM's own map was last written for (0: none read)
 
 
 @dataclass(frozen=True)
@@ -746,22 +767,24 @@ class AGGemm(CollectiveOp):
             meta, slabs = b"", 1
         else:
             slabs = self.slabs(m, self.last_config)
-            plan, pro = self._gemm_plan(s, self.last_config, m_loc, slabs)
+            edges = self._edges(m_loc, self.last_config, False)
+            own = (ta.ptr, src_pitch) if edges[0] < edges[1] else None
+            plan, pro = self._gemm_plan(s, self.last_config, m_loc, slabs, own)
             bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
             meta = self.call_record(self._fields(m_loc, slabs))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
         starts = None
         if self.world > 1:
-            local = engine.LaunchBlock(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc), LOCAL_THREADS, 1, 0,
-                                       (self._local_args(0, src_pitch, m_loc), meta))
+            local = engine.LaunchBlock(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc, edges), LOCAL_THREADS, 1, 0,
+                                       (self._local_args(0, src_pitch, m_loc, edges=edges), meta))
             copy = None
             if self.copy == "sm":
                 copy = engine.LaunchBlock(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0,
                                           (self._copy_args(0, src_pitch, m_loc, slabs),))
             starts = Blocks(local, copy)
         return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, slabs, spans, fastpath.byte_span(m, n, ldc, od.itemsize),
-                     new_out, starts, self.last_config if self.world > 1 else None)
+                     new_out, starts, self.last_config if self.world > 1 else None, own[0] if self.world > 1 and own else 0)
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
@@ -771,6 +794,9 @@ class AGGemm(CollectiveOp):
         s, out, pa, pb, pc, pbias = got
         with self._fast_lock:
             f.bound.point(self._gath.ptr if self.world > 1 else pa, pb)
+            if f.own_ptr and pa != f.own_ptr:  # the own tiles' map of this a_shard
+                f.bound.set_prologue(self._own_map(f.bound.plan, pa, f.src_pitch, f.m_loc))
+                f.own_ptr = pa
             if f.bound.out_changed(pc, pbias):
                 epilogue = engine.plain_epilogue(self.out_dtype)
                 f.bound.set_epilogue(engine.epilogue_params(epilogue, pc, f.m, self.n, f.ldc, self.out_dtype, pbias, f.bias_kind))
@@ -805,7 +831,7 @@ class AGGemm(CollectiveOp):
         fields = self._fields(m_loc, slabs)
         self.begin(s, fields)  # raises a previous call's device-side failure; RAWFLUX_DEBUG compare
         with self._device():
-            self._run(s, ta, tb, tc, m_loc, cfg, c.bias_ptr, c.bias_kind, fields, slabs)
+            self._run(s, ta, tb, tc, m_loc, cfg, c.bias_ptr, c.bias_kind, fields, slabs, gathered=tg is not None or return_gathered)
             if tg is not None:
                 from cupy.cuda import runtime
 
@@ -840,15 +866,34 @@ class AGGemm(CollectiveOp):
             return res
         return res, (gathered_out if gathered_out is not None else ta.obj)
 
-    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields, slabs: int) -> None:
+    def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields, slabs: int,
+             gathered: bool = False) -> None:
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
-        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs)
-        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs)
+        edges = self._edges(m_loc, cfg, gathered)
+        own = (ta.ptr, src_pitch) if edges[0] < edges[1] else None
+        gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs, own)
+        # the gathered A asked for on "ce" push: the rows read in place copied on a side stream, beside the GEMM
+        late = edges if gathered and own else None
+        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs,
+                    edges=edges, own_late=late)
+
+    def _edges(self, m_loc: int, cfg: GemmConfig, gathered: bool) -> tuple[int, int]:
+        """(head, tail) of the own rows the call's start copies (edge_rows): only those sharing a
+        tile with a peer's on "push" (the GEMM reads the rest of a_shard in place); every one
+        (head = tail = m_loc) where the peers read them from the gathered buffer ("pull"), or
+        where the call returns the gathered A on "sm" (on "ce" push the rows read in place go
+        to the gathered buffer on a side stream beside the GEMM: _steps' own_late)."""
+        if self.direction == "pull" or (gathered and self.copy == "sm"):
+            return m_loc, m_loc
+        return edge_rows(m_loc, self.rank, cfg.tile.bm)
 
     def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int,
-               blocks: Blocks | None = None) -> None:
+               blocks: Blocks | None = None, edges: tuple[int, int] | None = None, own_late: tuple[int, int] | None = None) -> None:
         """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check;
-        ``blocks``: the fast path's packed start and copy kernel (else packed here)."""
+        ``blocks``: the fast path's packed start and copy kernel (else packed here, the own rows
+        ``edges`` copies: _edges); ``own_late``: (head, tail), "ce": own rows [head, tail) (the
+        ones the GEMM reads in place) copied into the gathered buffer on side stream 0 after its
+        chunk copies (the caller asked for the gathered A; joined before the call returns)."""
         from cupy.cuda import runtime
 
         kinds, copies = self._program(slabs, m_loc, src_pitch)
@@ -859,7 +904,7 @@ class AGGemm(CollectiveOp):
                     blocks.local.write(0, SRC.pack(a_ptr), SRC_OFFSET)
                     blocks.local.launch(s)
                 else:
-                    self._launch_local(s, a_ptr, src_pitch, m_loc, record)
+                    self._launch_local(s, a_ptr, src_pitch, m_loc, record, edges=edges)
             elif kind == "barrier":
                 self.barrier(s)
             elif kind == "fork":
@@ -873,6 +918,10 @@ class AGGemm(CollectiveOp):
                         runtime.memcpy2DAsync(dst, row, a_ptr + src if shard else src, spitch, width, rows, default, sides[side])
                     else:  # 1-D: a whole chunk between gathered buffers, or a flag
                         runtime.memcpyAsync(dst, src, width, default, sides[side])
+                if own_late is not None:
+                    head, tail = own_late
+                    runtime.memcpy2DAsync(self._gath.ptr + (self.rank * m_loc + head) * row, row, a_ptr + head * src_pitch, src_pitch, row,
+                                          tail - head, default, sides[0])
             elif kind == "sm_copy":
                 if blocks is not None:
                     blocks.copy.write(0, SRC.pack(a_ptr), SRC_OFFSET)
@@ -926,23 +975,27 @@ class AGGemm(CollectiveOp):
         return got
 
     # --- launches ---------------------------------------------------------------------------------
-    def _local_grid(self, m_loc: int) -> int:
-        vecs = m_loc * (self.row_bytes // 16)
+    def _local_grid(self, m_loc: int, edges: tuple[int, int] | None = None) -> int:
+        """ag_local_kernel's CTAs for the own rows it copies (edges: _edges; None: all of them)."""
+        head, tail = edges or (m_loc, m_loc)
+        vecs = (head + m_loc - tail) * (self.row_bytes // 16)
         return max(1, min(2 * self.sms, -(-vecs // (LOCAL_THREADS * 4))))
 
-    def _local_args(self, src: int, src_pitch: int, m_loc: int, flags: int | None = None) -> bytes:
+    def _local_args(self, src: int, src_pitch: int, m_loc: int, flags: int | None = None, edges: tuple[int, int] | None = None) -> bytes:
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
+        head, tail = edges or (m_loc, m_loc)
         return AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc,
-                                  self.row_bytes // 16, self._local_flags if flags is None else flags, 0)
+                                  self.row_bytes // 16, self._local_flags if flags is None else flags, head, tail, 0)
 
     def _copy_args(self, src: int, src_pitch: int, m_loc: int, slabs: int) -> bytes:
         return AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,
                                  int(self._counters.data.ptr), src_pitch, m_loc, self.row_bytes // 16, DIRECTIONS[self.direction], slabs)
 
-    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, record: bytes, flags: int | None = None) -> None:
+    def _launch_local(self, s: int, src: int, src_pitch: int, m_loc: int, record: bytes, flags: int | None = None,
+                      edges: tuple[int, int] | None = None) -> None:
         # the engine's lean path (launch config cached, one argument block per thread)
-        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc), LOCAL_THREADS, 1, 0, s,
-                      (self._local_args(src, src_pitch, m_loc, flags), record))
+        engine.launch(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc, edges), LOCAL_THREADS, 1, 0, s,
+                      (self._local_args(src, src_pitch, m_loc, flags, edges), record))
 
     def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int, slabs: int = 1) -> None:
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (self._copy_args(src, src_pitch, m_loc, slabs),))
@@ -950,36 +1003,47 @@ class AGGemm(CollectiveOp):
     def _launch_check(self, s: int) -> None:
         engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, self._check_args)
 
-    def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int, slabs: int = 1):
+    def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int, slabs: int = 1,
+                      own: tuple[int, int] | None = None):
         """Everything the GEMM launch needs (kernel compiled and loaded, tensor maps, packed
         params), resolved before the call issues anything: no compile or module load happens
-        while this rank's barrier spins."""
+        while this rank's barrier spins. own: (a_shard's pointer, its row pitch in bytes) where
+        the own tiles read it in place (_gemm_plan)."""
         m, n = m_loc * self.world, self.n
-        plan, pro = self._gemm_plan(s, cfg, m_loc, slabs)
+        plan, pro = self._gemm_plan(s, cfg, m_loc, slabs, own)
         ldc = tc.strides[0] if m > 1 else n
         epi = engine.epilogue_params(engine.plain_epilogue(self.out_dtype), tc.ptr, m, n, ldc, self.out_dtype, bias_ptr, bias_kind)
         ldb = tb.strides[0] if tb.shape[0] > 1 else tb.shape[1]
         return plan, plan.args(self._gath.ptr, tb.ptr, self.k, ldb, pro, epi)
 
-    def _gemm_plan(self, s: int, cfg: GemmConfig, m_loc: int, slabs: int = 1):
+    def _gemm_plan(self, s: int, cfg: GemmConfig, m_loc: int, slabs: int = 1, own: tuple[int, int] | None = None):
         """(the GEMM's plan on the gathered A, AgWait's params) for calls of m_loc rows per rank on
-        stream s, chunks in ``slabs`` k-slabs. The engine's pipeline waits trap when they expire:
-        they get longer than any flag wait, so a late peer surfaces as the flag wait's clear error."""
+        stream s, chunks in ``slabs`` k-slabs; own: (a_shard's pointer, row pitch in bytes) that the
+        tiles wholly inside the own chunk read in place (None: every tile reads the gathered A).
+        The engine's pipeline waits trap when they expire: they get longer than any flag wait, so
+        a late peer surfaces as the flag wait's clear error."""
         m, n, k, dt = m_loc * self.world, self.n, self.k, self.dtype
         slab_kb = k // tune.BK // slabs if slabs > 1 else 0  # AgWait: k blocks per slab (0: whole chunks)
-        pro = AG_WAIT_PARAMS.pack(self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world,
-                                  slab_kb, int(self.b_first), 0)
         plan = engine.plan(cfg, m, n, k, dtype=dt, b_layout=self.b_layout, out_dtype=self.out_dtype, device_id=self.device_id,
                            stream=s, relpath=KERNEL_FILE, sched=SCHEDS[self.b_layout], prologue=PROLOGUE, epilogue=engine.plain_epilogue(self.out_dtype),
                            timeout_ns=self.pipeline_timeout_ns())
+        own_map = self._own_map(plan, *own, m_loc) if own else bytes(OWN_MAP_BYTES)
+        pro = wait_params(own_map, self.group_ctrl_ptr, self._sync.ptr + READY_OFFSET, self.epoch_ptr, m_loc, self.rank, self.world,
+                          slab_kb, int(self.b_first), int(own is not None))
         return plan, pro
+
+    def _own_map(self, plan, a_ptr: int, src_pitch: int, m_loc: int) -> bytes:
+        """The own tiles' map of a_shard (m_loc rows at a_ptr, src_pitch bytes apart), with the box of the plan's A."""
+        return plan.a_map(a_ptr, m_loc, src_pitch // self.dtype.itemsize)
 
     def _launch_gemm(self, s: int, prepared, pdl: bool = False) -> None:
         plan, args = prepared
         plan.launch_args(s, args, pdl=pdl)
 
     def gathered(self, m: int):
-        """A CuPy view (m, k) of this rank's gathered buffer (valid until the next call)."""
+        """A CuPy view (m, k) of this rank's gathered buffer (valid until the next call). Its own
+        rows hold a_shard after a call on "pull" or one that returned the gathered A; after
+        another "push" call only the edge rows (edge_rows) do, the GEMM read the rest in place."""
         if self.world == 1:
             raise ValueError("at world 1 there is no gathered buffer: the gathered A is a_shard itself")
         if m > self.max_m or m % self.world:

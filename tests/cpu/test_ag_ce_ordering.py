@@ -40,7 +40,7 @@ import pytest
 
 from rawflux.ops import ag_gemm as A
 from tests.cpu.test_ag_gemm_cpu import fake_cuda  # noqa: F401  the fixture
-from tests.cpu.test_ag_gemm_cpu import FakeCAI
+from tests.cpu.test_ag_gemm_cpu import FakeCAI, read_map
 from tests.fake_group import OpGroup
 
 K = 128  # two 64-column k blocks: slabs 1 or 2
@@ -155,7 +155,7 @@ def build_streams(logs, faults=()):
                 put(e[2], Op("local", A.AG_LOCAL_ARGS.unpack(e[4][0])))
             elif kind == "launch" and e[1] == "gemm_kernel":
                 tmap_a, _, _, pro, _, _ = e[4]
-                put(e[2], Op("gemm", (tmap_a[1], A.AG_WAIT_PARAMS.unpack(pro), calls)))
+                put(e[2], Op("gemm", (read_map(tmap_a)[0], A.AG_WAIT_PARAMS.unpack(pro[A.OWN_MAP_BYTES:]), calls)))
                 calls += 1
             elif kind == "launch" and e[1] == "ag_check_kernel":
                 put(e[2], Op("nop"))
@@ -215,7 +215,7 @@ class Device:
         """An op as atomic steps: each step(mem, regs, pcs) -> new regs, or None while it must wait."""
         W = self.world
         if op.kind == "local":
-            _, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, _ = op.args
+            _, src, dst, sync, sync_peers, src_pitch, m_local, row_vecs, flags, head, tail, _ = op.args
             peers = self.mem.tables[sync_peers]
 
             def arrive(mem, e):
@@ -230,8 +230,9 @@ class Device:
                     arrive(mem, e)
                 return (e,)
 
-            def own_rows(mem, regs, pcs):
-                self.copy_rows(mem, dst, src, row_vecs * 16, m_local, row_vecs * 16, src_pitch)
+            def own_rows(mem, regs, pcs):  # the edge rows (all of them here: m_local < a tile's rows)
+                self.copy_rows(mem, dst, src, row_vecs * 16, head, row_vecs * 16, src_pitch)
+                self.copy_rows(mem, dst + tail * row_vecs * 16, src + tail * src_pitch, row_vecs * 16, m_local - tail, row_vecs * 16, src_pitch)
                 return regs
 
             def late(mem, regs, pcs):
@@ -247,8 +248,9 @@ class Device:
 
             return [start, own_rows, late, gate]
         if op.kind == "gemm":
-            gath, (_, ready, epoch, m_local, rank, world, slab_kb, _, _), call = op.args  # b_first: load order only
+            gath, (_, ready, epoch, m_local, rank, world, slab_kb, _, own_rows), call = op.args  # b_first: load order only
             assert rank == r and world == W
+            assert not own_rows  # the model's chunks are smaller than a tile: every own row is read from the gathered buffer
             slabs = K // 64 // slab_kb if slab_kb else 1
             assert slabs == self.slabs
             slab_bytes = ROW // slabs

@@ -208,17 +208,22 @@ from rawflux.jit import compile_cubin, kernel_source  # noqa: E402
 def _layout_asserts() -> str:
     lines = ['#include "rawflux/fused/ag_gemm.cuh"', "namespace rawflux {"]
 
-    def fields(struct_name, st: "struct.Struct", names):
-        lines.append(f'static_assert(sizeof({struct_name}) == {st.size}, "{struct_name} size");')
-        off = 0
-        for name, code in zip(names, re.findall(r"[a-zA-Z]", st.format.lstrip("<"))):
+    def fields(struct_name, st: "struct.Struct", names, base: int = 0):
+        # st's fields from byte `base` of the struct (pad bytes 'Nx' end it)
+        lines.append(f'static_assert(sizeof({struct_name}) == {base + st.size}, "{struct_name} size");')
+        off = base
+        codes = [c for c in re.findall(r"\d*[a-zA-Z]", st.format.lstrip("<")) if not c.endswith("x")]
+        assert len(codes) == len(names), (struct_name, codes, names)
+        for name, code in zip(names, codes):
             if name:
                 lines.append(f'static_assert(__builtin_offsetof({struct_name}, {name}) == {off}, "{struct_name}.{name}");')
             off += {"Q": 8, "q": 8, "i": 4, "I": 4}[code]
 
-    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "slab_kb", "b_first", "pad"))
+    lines.append(f'static_assert(__builtin_offsetof(AgWait::Params, own_map) == 0 && sizeof(TensorMap) == {A.OWN_MAP_BYTES}, "own map");')
+    fields("AgWait::Params", A.AG_WAIT_PARAMS, ("group_ctrl", "ready", "epoch", "m_local", "rank", "world", "slab_kb", "b_first", "own_rows"),
+           base=A.OWN_MAP_BYTES)
     fields("AgLocalArgs", A.AG_LOCAL_ARGS,
-           ("group_ctrl", "src", "dst", "sync", "sync_peers", "src_pitch", "m_local", "row_vecs", "flags", "pad"))
+           ("group_ctrl", "src", "dst", "sync", "sync_peers", "src_pitch", "m_local", "row_vecs", "flags", "head", "tail", "pad"))
     fields("AgCopyArgs", A.AG_COPY_ARGS,
            ("group_ctrl", "src", "gath_peers", "sync", "sync_peers", "counters", "src_pitch", "m_local", "row_vecs", "mode", "slabs"))
     lines += [
@@ -493,11 +498,21 @@ def fake_cuda(monkeypatch):
         log.append(("launch", kern.name.split("::")[-1], s, grid, args) + (("pdl",) if pdl else ()))
 
     monkeypatch.setattr(E, "plan", fake_plan)
-    monkeypatch.setattr(P, "tensor_map_code", lambda ptr, *a: ("tmap", ptr) + a)
+    monkeypatch.setattr(P, "tensor_map_code", fake_map)
     monkeypatch.setattr(E, "epilogue_params", lambda epilogue, c_ptr, *a: (epilogue, c_ptr) + a)
     monkeypatch.setattr(E, "launch", fake_launch)
     monkeypatch.setattr(P, "launch", fake_launch)
     yield log, plans
+
+
+def fake_map(ptr, code, rows, cols, ld, box_rows, box_cols) -> bytes:
+    """A 'tensor map' of 128 bytes that spells its arguments (read_map reads them back)."""
+    return struct.pack("<7q", ptr, code, rows, cols, ld, box_rows, box_cols) + bytes(128 - 56)
+
+
+def read_map(raw: bytes) -> tuple:
+    """fake_map's (ptr, code, rows, cols, ld, box_rows, box_cols)."""
+    return struct.unpack("<7q", raw[:56])
 
 
 def types_ns(**kw):
@@ -514,7 +529,7 @@ def test_b_first_reaches_the_prologue(fake_cuda, b_first):
     op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", b_first=b_first)
     op(FakeCAI(BASE, (m_loc, k)), FakeCAI(BASE + (2 << 30), (n, k)), out=FakeCAI(BASE + (1 << 30), (m_loc * world, n)), stream=0x42)
     g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
-    assert A.AG_WAIT_PARAMS.unpack(g[4][3])[7] == int(b_first)
+    assert A.AG_WAIT_PARAMS.unpack(g[4][3][A.OWN_MAP_BYTES:])[7] == int(b_first)
 
 
 @pytest.mark.parametrize("slabs", [1, 2])
@@ -551,9 +566,10 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
     g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
     assert g[2] == main and kinds.index("gemm_kernel") > kinds.index("ag_local_kernel")
     tmap_a, _, params, pro, _, tmap_a_tail = g[4]
-    assert tmap_a[1] == gath.ptr and tmap_a[3] == m_loc * world
+    tmap_a, tmap_a_tail = read_map(tmap_a), read_map(tmap_a_tail)
+    assert tmap_a[0] == gath.ptr and tmap_a[2] == m_loc * world
     # k blocks per slab (k = 128: two 64-column blocks), 0 for whole chunks
-    assert A.AG_WAIT_PARAMS.unpack(pro)[1:8] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
+    assert A.AG_WAIT_PARAMS.unpack(pro[A.OWN_MAP_BYTES:])[1:8] == (sync.ptr + A.READY_OFFSET, sync.ptr + A.EPOCH_OFFSET, m_loc, rank, world,
                                                  0 if slabs == 1 else 1, 1)  # B first: on by default
     p = A.engine.GEMM_PARAMS.unpack(params)
     # m, and the rotation: the config's, one-row segments starting at rank's first whole cluster row
@@ -563,7 +579,7 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
     assert p[0] == m_loc * world and p[10:12] == (m_loc * world, fused.rotate * t.bm * t.cluster_m)
     assert p[10:12] == A.rotation(m_loc * world, world, rank, t)
     assert p[20] > 5.0e9 * 2  # pipeline timeout longer than any flag wait
-    assert tmap_a_tail == tmap_a[:6] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
+    assert tmap_a_tail == tmap_a[:5] + (40, 64)  # A's tail box: the plan's rows, over the gathered buffer
     # the base's split-K kept only where the model has it paying in the fused order
     base = A.tune.Decomp.split_k(3)  # the fixture's pick
     dp = A.replace(fused, decomp=A.tune.DP)
@@ -630,6 +646,74 @@ def test_a_call_at_capacity_and_gathered_copy(fake_cuda):
     assert last_copy[1:4] == (BASE + (3 << 30), op._gath.ptr, 256 * 128 * 2) and last_copy[4] == 7
     with pytest.raises(ValueError, match="above this op's max_m = 256"):
         op(FakeCAI(BASE, (129, 128)), FakeCAI(BASE + (2 << 30), (64, 128)), stream=7)
+
+
+def _own_tile(tile0: int, bm: int, rank: int, m_local: int) -> bool:
+    """AgWait::own_tile: the tile's rows all lie in the own chunk."""
+    return tile0 >= rank * m_local and tile0 + bm <= (rank + 1) * m_local
+
+
+@pytest.mark.parametrize("bm", [64, 128, 256])
+def test_edge_rows_are_the_own_rows_no_own_tile_reads(bm):
+    # the call's start copies exactly the own rows whose tile is not read in place (a tile that
+    # also holds a peer's rows, or runs past m), so every row the GEMM reads from the gathered
+    # buffer is there and no row it reads from a_shard is copied
+    rng = np.random.default_rng(bm)
+    cases = [(int(rng.integers(1, 700)), int(w)) for w in rng.integers(2, 9, size=60)] + [(256, 4), (128, 2), (1, 8), (bm, 2), (bm + 1, 3)]
+    for m_local, world in cases:
+        for rank in range(world):
+            head, tail = A.edge_rows(m_local, rank, bm)
+            assert 0 <= head <= tail <= m_local
+            r0 = rank * m_local
+            for i in range(m_local):
+                tile0 = (r0 + i) // bm * bm
+                assert (head <= i < tail) == _own_tile(tile0, bm, rank, m_local), (m_local, world, rank, i)
+
+
+@pytest.mark.parametrize("copy", ["sm", "ce"])
+@pytest.mark.parametrize("direction,gathered", [("push", None), ("push", "return"), ("push", "out"), ("pull", None)])
+def test_own_rows_are_read_in_place_on_push(fake_cuda, direction, gathered, copy):
+    # push: the GEMM's own tiles read a_shard through AgWait's own map (its pointer, rows, pitch,
+    # A's box) and the call's start copies only the edge rows; where the call returns the
+    # gathered A, "ce" copies the rest on side stream 0 after its chunks (beside the GEMM) and
+    # "sm" every own row at the start; pull (peers read the own rows) copies every one at the start
+    log, plans = fake_cuda
+    rank, world, m_loc, n, k = 1, 4, 320, 64, 128
+    op = A.AGGemm(OpGroup(rank, world, log), world * m_loc, n, k, "bf16", direction=direction, copy=copy)
+    pitch = 2 * k + 64  # a strided shard: the map keeps its pitch
+    a = FakeCAI(BASE, (m_loc, k), strides=(pitch, 2))
+    kw = {"return_gathered": True} if gathered == "return" else {"gathered_out": FakeCAI(BASE + (3 << 30), (world * m_loc, k))} if gathered else {}
+    op(a, FakeCAI(BASE + (2 << 30), (n, k)), out=FakeCAI(BASE + (1 << 30), (m_loc * world, n)), stream=7, **kw)
+    local = next(e for e in log if e[0] == "launch" and e[1] == "ag_local_kernel")
+    args = A.AG_LOCAL_ARGS.unpack(local[4][0])
+    g = next(e for e in log if e[0] == "launch" and e[1] == "gemm_kernel")
+    pro = g[4][3]
+    fields = A.AG_WAIT_PARAMS.unpack(pro[A.OWN_MAP_BYTES:])
+    bm = plans[-1][0].tile.bm
+    in_place = direction == "push" and (gathered is None or copy == "ce")
+    head, tail = A.edge_rows(m_loc, rank, bm) if in_place else (m_loc, m_loc)
+    assert in_place <= (head < tail)  # the test's shape has own tiles
+    assert args[9:11] == (head, tail) and args[5] == pitch
+    row_vecs = 2 * k // 16
+    assert local[3] == max(1, min(2 * 132, -(-(head + m_loc - tail) * row_vecs // (A.LOCAL_THREADS * 4))))  # CTAs for the rows it copies
+    assert fields[8] == int(in_place)
+    if in_place:
+        assert read_map(pro[:A.OWN_MAP_BYTES]) == (BASE, 9, m_loc, k, pitch // 2, 128, 64)  # a_shard, with the plan's box of A
+    else:
+        assert pro[:A.OWN_MAP_BYTES] == bytes(A.OWN_MAP_BYTES)
+    row = 2 * k
+    late = [e for e in log if e[0] == "memcpy2d" and e[1] == op._gath.ptr + (rank * m_loc + head) * row]
+    if in_place and gathered:
+        side0 = op.side_streams[0]
+        assert late == [("memcpy2d", op._gath.ptr + (rank * m_loc + head) * row, BASE + head * pitch, (tail - head) * row, side0, row, pitch,
+                         row, tail - head)]
+        on_side0 = [e for e in log if len(e) > 4 and e[0] in ("memcpy", "memcpy2d") and e[4] == side0]
+        assert on_side0[-1] == late[0]  # after the chunks and flags of side 0
+        check = next(i for i, e in enumerate(log) if e[0] == "launch" and e[1] == "ag_check_kernel")
+        joins = [i for i, e in enumerate(log) if e[0] == "wait" and e[1] == 7]
+        assert log.index(late[0]) < check < joins[-1]
+    else:
+        assert late == []
 
 
 def test_a_given_config_keeps_its_decomposition(fake_cuda):

@@ -168,8 +168,8 @@ class _Block:
             self.write(slot, raw)
 
     def write(self, slot, raw, offset=0):
-        if offset:  # a patch inside packed bytes (ag_gemm's a_shard pointer)
-            old = self.slots[slot]
+        old = self.slots[slot]
+        if old is not None:  # a patch in place, as LaunchBlock.write (ag_gemm's a_shard pointer, its own map)
             raw = old[:offset] + raw + old[offset + len(raw):]
         self.slots[slot] = raw
 
@@ -178,9 +178,10 @@ class _Block:
                                 tuple(x for x in self.slots if x is not None)) + (("pdl",) if self.pdl else ()))
 
 
+@pytest.mark.parametrize("m_loc", [100, 320])  # 320: own tiles read a_shard in place (push), its map rewritten per pointer
 @pytest.mark.parametrize("direction,copy,slabs", [("push", "ce", 1), ("pull", "sm", 1), ("push", "ce", 2), ("pull", "ce", 2),
                                                    ("push", "sm", 2)])
-def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch, direction, copy, slabs):  # noqa: F811
+def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch, direction, copy, slabs, m_loc):  # noqa: F811
     from rawflux.engine import planning as P
 
     monkeypatch.setattr(P, "LaunchBlock", _Block)
@@ -189,8 +190,8 @@ def test_ag_gemm_fast_path_issues_the_validated_protocol(fake_cuda, monkeypatch,
     n_checked = {"n": 0}
     real = A.check_call
     monkeypatch.setattr(A, "check_call", lambda *a, **k: n_checked.__setitem__("n", n_checked["n"] + 1) or real(*a, **k))
-    rank, world, m_loc, n, k = 1, 4, 100, 64, 128
-    op = A.AGGemm(OpGroup(rank, world, log), world * 128, n, k, "bf16", direction=direction, copy=copy, slabs=slabs)
+    rank, world, n, k = 1, 4, 64, 128
+    op = A.AGGemm(OpGroup(rank, world, log), world * 320, n, k, "bf16", direction=direction, copy=copy, slabs=slabs)
 
     def call(i):
         a, b, out = FakeCupy((m_loc, k), ptr=at(3 * i)), FakeCupy((n, k), ptr=at(3 * i + 1)), FakeCupy((m_loc * world, n), ptr=at(3 * i + 2))

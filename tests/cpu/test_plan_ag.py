@@ -286,7 +286,7 @@ def test_predict_small_case_by_hand(rank, gbps):
     assert p.wave_need_us == pytest.approx([0.0, t_chunk])
     assert p.wave_wait_us == pytest.approx([0.0, max(0.0, t_chunk - t_unit)])
     assert p.gemm_end_us == pytest.approx(max(t_unit, t_chunk) + t_unit)
-    copy = 2 * 256 * k * 2 / 3.4e12 * 1e6
+    copy = 0.0  # each chunk is two whole tile rows: every own row read in place, none copied
     assert p.copy_us == pytest.approx(copy) and p.fixed_us == pytest.approx(copy + plan.LAUNCH_US)
     assert p.predicted_us == pytest.approx(copy + plan.LAUNCH_US + max(t_unit, t_chunk) + t_unit)
     assert p.ratio_fused == pytest.approx(p.predicted_us / max(t_fused, t_chunk))
@@ -487,3 +487,14 @@ def test_slab_flag_cost():
     assert ao.slab_flag_us(units, t, 64, 8, 0, 2, 6) == pytest.approx(ao.SLAB_FLAG_US * 7 * -(-len(units) // 6))
     assert plan.predict_ag(8, 64, 1280, 8192).slabs == 1
     assert plan.predict_ag(8, 256, 1280, 8192).slabs == 4
+
+
+@pytest.mark.parametrize("rank,edges", [(0, (0, 128)), (1, (64, 192))])
+def test_predict_counts_the_edge_rows_copy(rank, edges):
+    """The call's start copies only the own rows that share a tile with a peer's (m/W = 192, BM =
+    128: tile row 1 holds rows 128..255, so rank 0 copies its last 64 rows, rank 1 its first 64)."""
+    world, m, n, k = 2, 384, 256, 4096
+    tile = next(t for t in tune.TILES if t.tag() == "128x256x64s4c1w2")
+    p = plan.predict_ag(world, m, n, k, tile=tile.tag(), sms=2, rank=rank)
+    assert A.edge_rows(192, rank, 128) == edges
+    assert p.copy_us == pytest.approx(2 * 64 * k * 2 / 3.4e12 * 1e6)

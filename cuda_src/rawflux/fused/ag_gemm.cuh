@@ -3,8 +3,9 @@
 //   AgWait        the GEMM engine's prologue policy: before the TMA producer loads A rows
 //                 [m0, m0 + rows) of a tile, it waits (bounded, ld.acquire.sys) for the ready flag
 //                 of every chunk those rows touch. Chunk q = rows [q * m_local, (q + 1) * m_local)
-//                 of the gathered A, i.e. rank q's shard; the own chunk is in place before the
-//                 GEMM starts (stream order), so it is never waited for. With k-slabs (S > 1) a
+//                 of the gathered A, i.e. rank q's shard; the own chunk is never waited for: a
+//                 tile wholly inside it reads the shard in place (own_map, own_tile), a tile it
+//                 shares with a peer reads the rows the call's start copied. With k-slabs (S > 1) a
 //                 chunk travels as S column slabs of k / S, each with its own flag, and the
 //                 producer waits for slab j only before the tile's first k block of slab j, so a
 //                 tile starts on the first slab while the rest is in flight. A unit that is a k
@@ -14,7 +15,8 @@
 //                 wait then hides behind reading B).
 //   ag_local_*    starts a call: advances the op's epoch, pushes this rank's call record into
 //                 every peer, copies this rank's shard into its own rows of the gathered buffer
-//                 and announces the call to the peers (arrive); on the copy-engine path its last
+//                 (only the edge rows, which share a tile with a peer's, where the GEMM reads the
+//                 rest in place) and announces the call to the peers (arrive); on the copy-engine path its last
 //                 CTA then waits for every peer's arrival (the copies that follow need it).
 //   ag_copy_*     the SM copy path: a bounded grid of CTAs pushes this rank's shard into every
 //                 peer's gathered buffer (or pulls every peer's shard into its own), chunk after
@@ -42,6 +44,7 @@
 #include "rawflux/comm/call_record.cuh"
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/ptx/sync.cuh"
+#include "rawflux/ptx/tma.cuh"
 
 namespace rawflux {
 
@@ -80,6 +83,7 @@ RAWFLUX_DEVICE void ag_chunk_span(i32 m0, i32 rows, i32 m_local, i32& first, i32
 
 struct AgWait {
   struct Params {
+    TensorMap own_map;  // this rank's shard (m_local rows, its own pitch), A's box: own tiles read it in place
     u64 group_ctrl;  // const GroupCtrl* of this rank (timeout, status record, abort word)
     u64 ready;       // u32 ready[kMaxWorld][kAgMaxSlabs] of this rank's sync buffer (ag_ready_index)
     u64 epoch;       // const u32*: the op's epoch word (this call's number once ag_local_kernel ran)
@@ -88,12 +92,22 @@ struct AgWait {
     i32 world;
     i32 slab_kb;     // k blocks per k-slab; 0: whole chunks (one flag each)
     i32 b_first;     // 1: the first unit may load B before its wait (b_first); 0: A and B after it
-    i32 pad;
+    i32 own_rows;    // 1: a tile wholly inside the own chunk loads A from own_map (own_tile); 0: every tile from the gathered A
   };
 
   // The proxy fence below orders the producer's TMA loads only: a consumer's would need its own.
   static constexpr bool kConsumerRefill = false;
   static constexpr bool kSlabWait = true;  // k-slabs: wait_slabs before each run of landed slabs
+
+  // Own rows read in place: a tile whose rows [tile0, tile0 + tile_rows) all lie in the own chunk
+  // loads A from the shard itself (own_map, at row tile0 - own_row0), so the call's start copies
+  // only the own rows that share a tile with a peer's (ag_local_kernel's edge rows).
+  static constexpr bool kOwnRows = true;
+  static RAWFLUX_DEVICE i32 own_row0(const Params& pp) { return pp.rank * pp.m_local; }
+  static RAWFLUX_DEVICE bool own_tile(const Params& pp, i32 tile0, i32 tile_rows) {
+    const i32 r0 = own_row0(pp);
+    return pp.own_rows != 0 && tile0 >= r0 && tile0 + tile_rows <= r0 + pp.m_local;
+  }
 
   // k block kb's slab (0 without slabs); first..last: the chunks rows [m0, m0 + rows) touch
   static RAWFLUX_DEVICE i32 span(const Params& pp, i32 m0, i32 rows, i32 kb, i32& first, i32& last) {
@@ -261,7 +275,9 @@ struct AgLocalArgs {
   i32 m_local;
   i32 row_vecs;    // 16-byte vectors per row (k * element bytes / 16)
   u32 flags;       // kAgArriveLate | kAgGate
-  u32 pad;
+  i32 head;        // own rows copied: [0, head) and [tail, m_local), the edge rows (AgWait::own_tile);
+  i32 tail;        // head = tail = m_local: all of them
+  i32 pad;
 };
 
 // One warp: tell every peer that this rank has started call e (its sync buffer's arrive[rank]),
@@ -295,8 +311,15 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
     for (i32 q = lane; q < world; q += 32) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
     if (!(a.flags & kAgArriveLate)) ag_arrive(a, lane, rank, world, e);
   }
-  ag::copy_rows<true>(reinterpret_cast<u8*>(a.dst), (i64)a.row_vecs * 16, reinterpret_cast<const u8*>(a.src), a.src_pitch, a.m_local,
-                      a.row_vecs, blockIdx.x, gridDim.x);
+  // the own rows a tile shares with a peer's (every own row where the GEMM reads none in place)
+  const i64 row_bytes = (i64)a.row_vecs * 16;
+  u8* dst = reinterpret_cast<u8*>(a.dst);
+  const u8* src = reinterpret_cast<const u8*>(a.src);
+  ag::copy_rows<true>(dst, row_bytes, src, a.src_pitch, a.head, a.row_vecs, blockIdx.x, gridDim.x);
+  if (a.tail < a.m_local) {
+    ag::copy_rows<true>(dst + a.tail * row_bytes, row_bytes, src + a.tail * a.src_pitch, a.src_pitch, a.m_local - a.tail, a.row_vecs, blockIdx.x,
+                        gridDim.x);
+  }
   if (a.flags == 0) return;
   __syncthreads();  // joins the CTA: every thread's rows precede thread 0's fence
   if (threadIdx.x >= 32) return;

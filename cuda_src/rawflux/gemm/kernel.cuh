@@ -53,7 +53,7 @@ namespace rawflux {
 template <class Cfg, class Sched, class Prologue, class Epilogue>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     gemm_kernel(const __grid_constant__ TensorMap tmap_a, const __grid_constant__ TensorMap tmap_b, const GemmParams p,
-                const typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi,
+                const __grid_constant__ typename Prologue::Params pro, const __grid_constant__ typename Epilogue::Params epi,
                 const __grid_constant__ TensorMap tmap_a_tail) {
   using SchedT = typename Sched::template type<Cfg>;
   constexpr int kStages = Cfg::kStages;

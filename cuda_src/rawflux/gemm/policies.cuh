@@ -22,6 +22,9 @@
 //     // and at most the blocks of kb's slab (wait_slabs for kb covers their A)
 //     static constexpr bool kBFirst;
 //     static __device__ i32 b_first(const Params&, i32 m0, i32 rows, i32 kb, i32 kb_end);
+//     // true: a tile for which own_tile(params, tile0, kBM) holds loads A through the Params'
+//     // TensorMap own_map, at row tile0 - own_row0(params) (AllGather-GEMM's own rows in place)
+//     static constexpr bool kOwnRows;
 //   };
 // Epilogue contract:
 //   struct E {
@@ -47,7 +50,7 @@
 //     template <class Cfg> static __device__ void finish(const Params&, u32 tid, u32 consumer, u32 scratch);
 //                            // every consumer thread, once, after its last tile (drain asynchronous stores)
 //   };
-// Params is a __grid_constant__ kernel parameter: a TensorMap member is usable by TMA in place.
+// Both Params are __grid_constant__ kernel parameters: a TensorMap member is usable by TMA in place.
 #pragma once
 #include "rawflux/gemm/config.cuh"
 #include "rawflux/gemm/epilogue/local_store.cuh"
@@ -63,6 +66,7 @@ struct NoWait {
   static constexpr bool kConsumerRefill = true;  // nothing to order
   static constexpr bool kSlabWait = false;
   static constexpr bool kBFirst = false;
+  static constexpr bool kOwnRows = false;
   static RAWFLUX_DEVICE void wait(const Params&, const GemmParams&, i32, i32, i32) {}
   static RAWFLUX_DEVICE i32 wait_slabs(const Params&, i32, i32, i32, i32 kb_end) { return kb_end; }
 };

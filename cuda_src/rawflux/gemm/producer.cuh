@@ -49,9 +49,10 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
   // box). The rows a box leaves hold stale data; their results are never stored. A compile-time
   // mode, one loop each: choosing the map inside the loop cost the producer (40 registers) a spill.
   // k blocks [kb_first, kb_last) of the unit: all of them, or one k-slab's (Prologue::kSlabWait).
-  auto k_loop = [&](auto mode, i32 kb_first, i32 kb_last) {
+  // map_a, row_shift: A's map and the row of the tile in it (tmap_a, 0; or the prologue's own map).
+  auto k_loop = [&](auto mode, const TensorMap& map_a, i32 row_shift, i32 kb_first, i32 kb_last) {
     constexpr int kAMode = decltype(mode)::value;
-    const i32 m0 = (SchedT::kOwnerRows ? SchedT::a_row(p, w.tile_m) : w.tile_m * Cfg::kBM) + a_slice;
+    const i32 m0 = (SchedT::kOwnerRows ? SchedT::a_row(p, w.tile_m) : w.tile_m * Cfg::kBM) + a_slice - row_shift;
     const u32 tx = stage_tx<Cfg, kAMode>(p);
     // kRefill: the unit's first kStages blocks; the consumers load the rest.
     const i32 kb_stop = kRefill ? min(kb_last, kb_first + kStages) : kb_last;
@@ -63,7 +64,7 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
       } else {
         ptx::mbar_wait(&empty[stage], phase ^ 1u, p.timeout_ns);
       }
-      load_kblock<Cfg, kAMode>(tmap_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, SchedT::col0(p, w.tile_n), a_slice,
+      load_kblock<Cfg, kAMode>(map_a, tmap_a_tail, tmap_b, smem_a, smem_b, full, stage, kb, m0, SchedT::col0(p, w.tile_n), a_slice,
                                b_slice, tx);
       if (++stage == kStages) {
         stage = 0;
@@ -88,6 +89,10 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     // across it (a row count kept across AgWait's loop costs the same spill).
     const bool tail = Cfg::kClusterN == 1 && p.a_tail_rows > 0 &&
                       (p.m - m0 <= 0 || (p.m - m0 < Cfg::kBoxARows && p.m > Cfg::kBoxARows));
+    // Own rows in place (Prologue::kOwnRows): a tile wholly inside the own chunk loads A from the
+    // prologue's map of the shard, the same bytes the gathered A would hold there.
+    bool own = false;
+    if constexpr (Prologue::kOwnRows) own = Prologue::own_tile(pro, m0 - a_slice, Cfg::kBM);
     // B first (Prologue::kBFirst): the CTA's first unit, if its rows are still in flight, loads
     // B's first k blocks into the (all free) ring before waiting for A, so that the wait overlaps
     // reading B, the whole cost of a small-m GEMM; stage and phase then point past them (the
@@ -108,9 +113,11 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
     Prologue::wait(pro, p, w.tile_m, m0, max(0, min(Cfg::kBoxARows, p.m - m0)));
     auto blocks = [&](i32 kb_first, i32 kb_last) {
       if (tail) {
-        k_loop(Int<kALoadTail>{}, kb_first, kb_last);
+        k_loop(Int<kALoadTail>{}, tmap_a, 0, kb_first, kb_last);
+      } else if (own) {
+        if constexpr (Prologue::kOwnRows) k_loop(Int<kALoadFull>{}, pro.own_map, Prologue::own_row0(pro), kb_first, kb_last);
       } else {
-        k_loop(Int<kALoadFull>{}, kb_first, kb_last);
+        k_loop(Int<kALoadFull>{}, tmap_a, 0, kb_first, kb_last);
       }
     };
     if constexpr (Prologue::kSlabWait) {
@@ -125,6 +132,8 @@ RAWFLUX_DEVICE void produce(u8* smem_raw, const TensorMap& tmap_a, const TensorM
             for (i32 i = 0; i < pre; ++i) {
               if (tail) {
                 load_a_block<Cfg, kALoadTail>(tmap_a, tmap_a_tail, smem_a, full, (u32)i, kb + i, m0, a_slice);
+              } else if (own) {
+                load_a_block<Cfg, kALoadFull>(pro.own_map, tmap_a_tail, smem_a, full, (u32)i, kb + i, m0 - Prologue::own_row0(pro), a_slice);
               } else {
                 load_a_block<Cfg, kALoadFull>(tmap_a, tmap_a_tail, smem_a, full, (u32)i, kb + i, m0, a_slice);
               }
