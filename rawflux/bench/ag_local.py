@@ -135,9 +135,8 @@ class AgLocal:
     def _gemm(self, s: int, cfg, m: int, b, out, pdl: bool, slabs: int, own: tuple[int, int]) -> None:
         """The fused GEMM, its own tiles reading ``own`` (pointer, row pitch in bytes) in place as a call's would."""
         op, m_loc = self.op, m // self.world
-        edges = op._edges(m_loc, cfg, False)
-        op._launch_gemm(s, op._prepare_gemm(s, cfg, m_loc, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0, slabs,
-                                            own if edges[0] < edges[1] else None), pdl=pdl)
+        _, own = op._in_place(m_loc, cfg, False, *own)
+        op._launch_gemm(s, op._prepare_gemm(s, cfg, m_loc, as_tensor(b, "b"), as_tensor(out, "out"), 0, 0, slabs, own), pdl=pdl)
         op.last_config = cfg
 
     def tax(self, b, out, m: int, stream: int, cfg=None, slabs: int | None = None) -> None:

@@ -128,12 +128,12 @@ class GemmPlan:
     def a_maps(self, a_ptr: int, lda: int) -> tuple[bytes, bytes]:
         """A's tensor map and its tail map (the same map where the plan has no tail box)."""
         m, _, k = self.mnk
-        tmap_a = tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.box_a[0], self.box_a[1])
+        tmap_a = self.a_map(a_ptr, m, lda)
         return tmap_a, (tensor_map_code(a_ptr, self.tmap_code, m, k, lda, self.a_tail, self.box_a[1]) if self.a_tail else tmap_a)
 
     def a_map(self, a_ptr: int, rows: int, lda: int) -> bytes:
-        """A map of ``rows`` rows of A's k columns at a_ptr (pitch lda), with A's box: a fused
-        prologue's own map (AgWait::Params.own_map)."""
+        """A map of ``rows`` rows of A's k columns at a_ptr (pitch lda), with A's box: A's main map
+        (rows = m), or a fused prologue's own map (AgWait::Params.own_map)."""
         return tensor_map_code(a_ptr, self.tmap_code, rows, self.mnk[2], lda, self.box_a[0], self.box_a[1])
 
     def b_map(self, b_ptr: int, ldb: int) -> bytes:

@@ -767,8 +767,7 @@ class AGGemm(CollectiveOp):
             meta, slabs = b"", 1
         else:
             slabs = self.slabs(m, self.last_config)
-            edges = self._edges(m_loc, self.last_config, False)
-            own = (ta.ptr, src_pitch) if edges[0] < edges[1] else None
+            edges, own = self._in_place(m_loc, self.last_config, False, ta.ptr, src_pitch)
             plan, pro = self._gemm_plan(s, self.last_config, m_loc, slabs, own)
             bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
             meta = self.call_record(self._fields(m_loc, slabs))
@@ -869,13 +868,18 @@ class AGGemm(CollectiveOp):
     def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields, slabs: int,
              gathered: bool = False) -> None:
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
-        edges = self._edges(m_loc, cfg, gathered)
-        own = (ta.ptr, src_pitch) if edges[0] < edges[1] else None
+        edges, own = self._in_place(m_loc, cfg, gathered, ta.ptr, src_pitch)
         gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs, own)
         # the gathered A asked for on "ce" push: the rows read in place copied on a side stream, beside the GEMM
         late = edges if gathered and own else None
         self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs,
                     edges=edges, own_late=late)
+
+    def _in_place(self, m_loc: int, cfg: GemmConfig, gathered: bool, a_ptr: int, src_pitch: int):
+        """(edges, own): the own rows the call's start copies (_edges), and (a_ptr, src_pitch) of
+        the a_shard the own tiles read in place (None where every own row is copied)."""
+        edges = self._edges(m_loc, cfg, gathered)
+        return edges, ((a_ptr, src_pitch) if edges[0] < edges[1] else None)
 
     def _edges(self, m_loc: int, cfg: GemmConfig, gathered: bool) -> tuple[int, int]:
         """(head, tail) of the own rows the call's start copies (edge_rows): only those sharing a
