@@ -126,7 +126,7 @@ RECORDS_OFFSET = READY_OFFSET + 4 * MAX_WORLD * MAX_SLABS
 SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * META_SLOT_BYTES
 COPY_COUNTERS = 2 + MAX_WORLD * MAX_SLABS  # kAgCopyCounters: ag_copy_kernel's claim, per-block and exit counters
 LINK_GBPS = 370.0  # the link the k-slab choice assumes (an H200's NVLink, one direction; rawflux.plan's default)
-CE_CALL_US = 2.0  # host us per driver call of the "ce" path (a copy, an event); an estimate until host_cost.py measures it
+CE_CALL_US = 5.0  # host us per driver call of the "ce" path (a copy, an event): host-cost.json's cuda memcpyAsync rows (4.8-5.4)
 
 
 def ce_issue_us(world: int, slabs: int, sides: int = 1, barrier: bool = False) -> float:

@@ -968,7 +968,7 @@ def test_eager_ce_calls_count_the_hosts_issue_time(fake_cuda):
     cfg = ce.config(m)
     device, eager = ce.slabs(m, cfg, eager=False), ce.slabs(m, cfg)
     assert eager == A.slab_count(cfg, m, n, k, world, A.tune.device_info(0), 2, issue_us=lambda s: A.ce_issue_us(world, s))
-    assert 1 < eager < device, (eager, device)
+    assert eager < device, (eager, device)  # CE_CALL_US = 5: the host's 100 us at S = 1 already outlast the GEMM
     ce.capturing = True
     assert ce.slabs(m, cfg) == device
     ce.capturing = False
