@@ -29,15 +29,15 @@ numbers its calls on the device (its epoch e) and every flag carries e.
       copies: for q = r-1, r-2, ...: once q has arrived at call e (its GEMM of e - 1, the last
       reader of its buffer, has ended), copy the shard into q's rows [r*m/W, (r+1)*m/W) (a permutation per step: no two
       ranks write one peer at once; chunk r+1 reaches rank r first), then set q's ready[r] = e.
-      Every peer's record is compared with this rank's (CallMismatch), off the GEMM's path.
+      Every peer's record is compared with this rank's (CallMismatch) before any copy moves data.
   pull: [s] group barrier (no peer still reads this rank's own rows of call e - 1); ag_local_kernel
       (as above, announcing the call once the own rows are in place); the copies read rank q's
       own rows of its buffer (q = r+1, r+2, ...) once q has arrived, into the same rows of this
       rank's, then set this rank's ready[q].
   copy path "ce": cudaMemcpyAsync between IPC-mapped buffers (copy engines, no SM) on side streams
       forked after ag_local_kernel, whose last CTA first waits for every peer's arrival (the copies
-      cannot wait themselves); a flag is a 4-byte copy of the device-resident epoch word (so
-      CUDA-graph replays stay right); the record comparison (ag_check_kernel) runs on side 0.
+      cannot wait themselves) and compares its record; a flag is a 4-byte copy of the
+      device-resident epoch word (so CUDA-graph replays stay right). Two launches a call.
   copy path "sm": one copy kernel of R CTAs (RAWFLUX_AG_COPY_SMS, default min(16, SMs/4)) does
       the same chunk loop, each chunk once its peer has arrived, and compares the records at its
       end; the GEMM, on SMs - R CTAs, follows it as its programmatic dependent (PDL), so it starts
@@ -100,7 +100,6 @@ PROLOGUE = "rawflux::AgWait"
 SCHEDS = {"nk": engine.PLAIN_SCHED, "kn": engine.FUSED_SCHED}
 LOCAL_KERNEL = "rawflux::ag_local_kernel"
 COPY_KERNEL = "rawflux::ag_copy_kernel"
-CHECK_KERNEL = "rawflux::ag_check_kernel"
 LOCAL_THREADS = 256
 COPY_THREADS = 512
 DTYPES = (DType.BF16, DType.F16)
@@ -130,10 +129,10 @@ CE_CALL_US = 5.0  # host us per driver call of the "ce" path (a copy, an event):
 
 
 def ce_issue_us(world: int, slabs: int, sides: int = 1, barrier: bool = False) -> float:
-    """The host's time to issue one "ce" call: a copy and a flag per (peer, slab), the three
+    """The host's time to issue one "ce" call: a copy and a flag per (peer, slab), the two
     launches (and pull's barrier), the fork (one record, a wait per side stream) and the join (a
     record and a wait per side stream), at CE_CALL_US each."""
-    return CE_CALL_US * (2 * slabs * (world - 1) + 4 + 3 * sides + int(barrier))
+    return CE_CALL_US * (2 * slabs * (world - 1) + 3 + 3 * sides + int(barrier))
 
 
 def wait_params(own_map: bytes, *fields) -> bytes:
@@ -164,7 +163,6 @@ for _w in tune.NARROW_WIDTHS:  # narrow columns, as the plain GEMM has them: its
                                  tiles=tune.NARROW_TILES, dtypes=(_dt,), layouts=("nk",), out_dtypes=(_dt,))
 register(KERNEL_FILE, LOCAL_KERNEL, archs=("sm_90a",))
 register(KERNEL_FILE, COPY_KERNEL, archs=("sm_90a",))
-register(KERNEL_FILE, CHECK_KERNEL, archs=("sm_90a",))
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +271,7 @@ class Step:
     """One action of a call, in issue order. kind:
       local     ag_local_kernel (main stream): the epoch, the call record into every peer, the
                 arrival, own shard's edge rows (all on pull) -> own gathered rows; on "ce" its last CTA waits for every
-                peer's arrival (``gate``)
+                peer's arrival and compares the peers' call records with this rank's (``gate``)
       barrier   group barrier (main stream; pull only)
       fork      side streams start after the main stream's work so far
       copy      copy engine, on side stream ``side``: chunk ``chunk`` (its k-slab ``slab`` of
@@ -283,8 +281,6 @@ class Step:
       gemm      the GEMM with the wait prologue (main stream); on the "sm" path launched as the
                 copy kernel's programmatic dependent (it starts once every copy CTA runs)
       sm_copy   the copy kernel, on the main stream (it runs the same loop on SMs)
-      check     the peers' call records compared with this rank's, on side stream 0 ("ce"; the
-                "sm" path's copy kernel compares them at its end)
       join      the main stream waits for every side stream ("ce" only)
     """
 
@@ -323,7 +319,7 @@ def schedule(direction: str, copy: str, rank: int, world: int, sides: int = 1, s
                 side = i % sides
                 steps.append(Step("copy", side, "gathered", q, rank, q, j))
                 steps.append(Step("flag", side, dst_rank=rank, chunk=q, slab=j))
-    steps += [Step("gemm"), Step("check", 0), Step("join")]
+    steps += [Step("gemm"), Step("join")]
     return steps
 
 
@@ -596,13 +592,13 @@ class AGGemm(CollectiveOp):
                 cupy.cuda.Device(self.device_id).synchronize()
             # Load every small kernel now: never compile or load inside a graph capture.
             self.kernel(KERNEL_FILE, LOCAL_KERNEL)
-            self.kernel(KERNEL_FILE, COPY_KERNEL if copy == "sm" else CHECK_KERNEL)
-            # per-op constants of every call: its steps (per slab count), the start kernel's flags, the check's arguments
+            if copy == "sm":
+                self.kernel(KERNEL_FILE, COPY_KERNEL)
+            # per-op constants of every call: its steps (per slab count), the start kernel's flags
             self._sides = max(1, sides)
             self._schedules = {s: tuple(schedule(direction, copy, self.rank, world, self._sides, s)) for s in SLAB_CHOICES}
             self._programs: dict[tuple, tuple] = {}  # _program()'s, per (slabs, m_loc, src_pitch)
             self._local_flags = (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if copy == "ce" else 0)
-            self._check_args = (struct.pack("<Q", self.group_ctrl_ptr), struct.pack("<Q", self._sync.ptr))  # one per parameter
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     # --- sizes ----------------------------------------------------------------------------------
@@ -893,7 +889,7 @@ class AGGemm(CollectiveOp):
 
     def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int,
                blocks: Blocks | None = None, edges: tuple[int, int] | None = None, own_late: tuple[int, int] | None = None) -> None:
-        """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the check;
+        """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the join;
         ``blocks``: the fast path's packed start and copy kernel (else packed here, the own rows
         ``edges`` copies: _edges); ``own_late``: (head, tail), "ce": own rows [head, tail) (the
         ones the GEMM reads in place) copied into the gathered buffer on side stream 0 after its
@@ -934,8 +930,6 @@ class AGGemm(CollectiveOp):
                     self._launch_copy(s, a_ptr, src_pitch, m_loc, slabs)
             elif kind == "gemm":
                 launch_gemm()
-            elif kind == "check":
-                self._launch_check(sides[0])
             elif kind == "join":
                 self.join(s)
             else:  # pragma: no cover - _program() only makes the kinds above
@@ -1003,9 +997,6 @@ class AGGemm(CollectiveOp):
 
     def _launch_copy(self, s: int, src: int, src_pitch: int, m_loc: int, slabs: int = 1) -> None:
         engine.launch(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0, s, (self._copy_args(src, src_pitch, m_loc, slabs),))
-
-    def _launch_check(self, s: int) -> None:
-        engine.launch(self.kernel(KERNEL_FILE, CHECK_KERNEL), 1, 64, 1, 0, s, self._check_args)
 
     def _prepare_gemm(self, s: int, cfg: GemmConfig, m_loc: int, tb, tc, bias_ptr: int, bias_kind: int, slabs: int = 1,
                       own: tuple[int, int] | None = None):

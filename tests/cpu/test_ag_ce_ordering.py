@@ -157,8 +157,6 @@ def build_streams(logs, faults=()):
                 tmap_a, _, _, pro, _, _ = e[4]
                 put(e[2], Op("gemm", (read_map(tmap_a)[0], A.AG_WAIT_PARAMS.unpack(pro[A.OWN_MAP_BYTES:]), calls)))
                 calls += 1
-            elif kind == "launch" and e[1] == "ag_check_kernel":
-                put(e[2], Op("nop"))
             elif kind == "memcpy":
                 _, dst, src, n, s = e
                 put(s, Op("flag" if n == 4 else "copy", (dst, src, n, 1, n, n)))
@@ -417,7 +415,7 @@ def test_the_model_runs_what_the_code_issues(fake_cuda):
     main = [op.kind for r, s, ops in dev.streams if r == 0 and s == MAIN for op in ops]
     side = [op.kind for r, s, ops in dev.streams if r == 0 and s != MAIN for op in ops]
     assert main == ["local", "record", "gemm", "wait"]
-    assert side == ["wait", "copy", "flag", "copy", "flag", "nop", "record"]
+    assert side == ["wait", "copy", "flag", "copy", "flag", "record"]
     flag = next(op for r, s, ops in dev.streams if r == 0 and s != MAIN for op in ops if op.kind == "flag")
     sync = [dev.mem._made[(q, "sync")].ptr for q in range(2)]
     assert flag.args[:3] == (sync[1] + A.READY_OFFSET + 4 * A.ready_index(0, 0), sync[0] + A.EPOCH_OFFSET, 4)

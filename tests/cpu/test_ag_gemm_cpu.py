@@ -75,8 +75,8 @@ def _simulate(direction, copy, world, sides, m_local=3, k=8, seed=0, slabs=1):
         gath[r][r * m_local:(r + 1) * m_local] = shards[r]
         after = steps[start + 1:]
         if copy == "ce":
-            assert after[0].kind == "fork" and after[-1].kind == "join" and after[-2].kind == "check"
-            assert after[-2].side == 0 and [st.kind for st in after].index("gemm") == len(after) - 3
+            # the record check is the call's start's (its gate): no kernel on a side stream
+            assert after[0].kind == "fork" and [st.kind for st in after][-2:] == ["gemm", "join"]
         else:  # one stream: the copy kernel (which compares the records), then the GEMM as its programmatic dependent
             assert [st.kind for st in after] == ["sm_copy", "gemm"]
         work = [s for s in after if s.kind in ("copy", "flag", "sm_copy")]
@@ -265,7 +265,7 @@ def _no_spills(res, names):
 
 
 def test_copy_kernels_compile_without_spills():
-    names = (A.LOCAL_KERNEL, A.COPY_KERNEL, A.CHECK_KERNEL)
+    names = (A.LOCAL_KERNEL, A.COPY_KERNEL)
     res = compile_cubin(kernel_source(A.KERNEL_FILE), arch="sm_90a", name_expressions=names, filename=A.KERNEL_FILE)
     _no_spills(res, names)
 
@@ -283,7 +283,7 @@ def test_every_ag_variant_is_registered():
     from rawflux.jit import variants
 
     names = {v.name_expr for v in variants() if v.relpath == A.KERNEL_FILE}
-    assert {A.LOCAL_KERNEL, A.COPY_KERNEL, A.CHECK_KERNEL} <= names
+    assert {A.LOCAL_KERNEL, A.COPY_KERNEL} <= names
     assert sum(A.PROLOGUE in n for n in names) >= 8
 
 
@@ -615,9 +615,8 @@ def test_a_call_issues_the_protocol(fake_cuda, direction, copy, slabs):
         # pull's flags are copies within this GPU (a driver kernel): the GEMM leaves them an SM
         assert op.reserved_sms == (direction == "pull")
         assert op.last_config.ctas == 131 if direction == "pull" else op.last_config.ctas in (0, 132)  # 0: every SM
-        check = next(e for e in log if e[0] == "launch" and e[1] == "ag_check_kernel")
-        # one argument per kernel parameter (ag_check_kernel(const GroupCtrl*, u64 sync))
-        assert check[2] == sides[0] and [struct.unpack("<Q", x)[0] for x in check[4]] == [op.group_ctrl_ptr, sync.ptr]
+        # two launches, both on main: the call's start (its gate compares the records) and the GEMM
+        assert [(e[1], e[2]) for e in log if e[0] == "launch"] == [("ag_local_kernel", main), ("gemm_kernel", main)]
         # fork after the call's start, join (main waits for every side) at the end
         assert kinds.index("record") > kinds.index("ag_local_kernel")
         waits = [e for e in log if e[0] == "wait"]
@@ -709,9 +708,8 @@ def test_own_rows_are_read_in_place_on_push(fake_cuda, direction, gathered, copy
                          row, tail - head)]
         on_side0 = [e for e in log if len(e) > 4 and e[0] in ("memcpy", "memcpy2d") and e[4] == side0]
         assert on_side0[-1] == late[0]  # after the chunks and flags of side 0
-        check = next(i for i, e in enumerate(log) if e[0] == "launch" and e[1] == "ag_check_kernel")
         joins = [i for i, e in enumerate(log) if e[0] == "wait" and e[1] == 7]
-        assert log.index(late[0]) < check < joins[-1]
+        assert log.index(late[0]) < joins[-1]
     else:
         assert late == []
 

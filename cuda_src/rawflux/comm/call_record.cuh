@@ -55,4 +55,31 @@ RAWFLUX_DEVICE bool record_check(const u32* slot, u32 e, const Rec& want, const 
   return true;
 }
 
+// record_check for a check on a call's critical path: both records are read as 16-byte loads
+// issued together (two round trips, not one per word). slot and want are 16-byte aligned.
+RAWFLUX_DEVICE bool record_check_wide(const u32* slot, u32 e, const u32* want, const WaitCtx& ctx, i32 q) {
+  if (!wait_flag_geq(slot, e, ctx, q, -1)) return false;  // acquire (sys): the record's words are visible after its tag
+  static_assert(kMetaWords % 4 == 0, "a record is whole 16-byte vectors");
+  uint4 got[kMetaWords / 4], mine[kMetaWords / 4];
+#pragma unroll
+  for (int j = 0; j < kMetaWords / 4; ++j) {
+    got[j] = ld_relaxed_sys_v4_u32(slot + 4 * j);
+    mine[j] = ld_relaxed_sys_v4_u32(want + 4 * j);
+  }
+  // word 0, the tag, is e (record_check says why)
+#pragma unroll
+  for (int i = 1; i < kMetaWords; ++i) {
+    const uint4& g = got[i / 4];
+    const uint4& w = mine[i / 4];
+    const u32 gv = i % 4 == 0 ? g.x : i % 4 == 1 ? g.y : i % 4 == 2 ? g.z : g.w;
+    const u32 wv = i % 4 == 0 ? w.x : i % 4 == 1 ? w.y : i % 4 == 2 ? w.z : w.w;
+    if (wv != gv) {
+      record_failure(ctx, kStateCallMismatch, q, i, wv, gv, 0, 1ull << q);
+      raise_abort(ctx);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace rawflux

@@ -23,7 +23,6 @@
 //                 chunk in rotated order (slab-major with k-slabs: slab 0 of every chunk first),
 //                 each once its peer has arrived, and sets the (chunk, slab) ready flag after
 //                 it; its last CTA compares the peers' call records.
-//   ag_check_*    the copy-engine path's record comparison (a side stream, off the GEMM's path).
 //
 // No barrier: a peer's arrival at call e says its GEMM of call e - 1 has ended (stream order), so
 // this rank may write into its gathered buffer; this rank's own GEMM of e - 1 ended before its
@@ -262,7 +261,7 @@ RAWFLUX_DEVICE void copy_rows(u8* dst, i64 dst_pitch, const u8* src, i64 src_pit
 
 enum : u32 {
   kAgArriveLate = 1,  // announce the call after the own rows are in place (pull: peers read them)
-  kAgGate = 2,        // the last CTA waits for every peer's arrival (the copy-engine copies follow)
+  kAgGate = 2,        // the last CTA waits for every peer's arrival and checks its record (the copy-engine copies follow)
 };
 
 struct AgLocalArgs {
@@ -306,7 +305,7 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
       *epoch = e;
     }
     e = __shfl_sync(0xffffffffu, e, 0);
-    // lane q pushes the record into ranks q, q + 32, ... (its own slot too: ag_check_records reads it)
+    // lane q pushes the record into ranks q, q + 32, ... (its own slot too: the record checks read it)
     const u64* sync_peers = reinterpret_cast<const u64*>(a.sync_peers);
     for (i32 q = lane; q < world; q += 32) record_push(ag_record(sync_peers[q], e & 1u, rank), e, rec.w);
     if (!(a.flags & kAgArriveLate)) ag_arrive(a, lane, rank, world, e);
@@ -339,14 +338,18 @@ RAWFLUX_DEVICE void ag_local_body(const AgLocalArgs& a, const CallRecord& rec) {
   __syncwarp();  // joins the warp: lane 0's acquire above precedes every lane's release in ag_arrive
   const u32 e = ld_volatile_u32(epoch);
   if (a.flags & kAgArriveLate) ag_arrive(a, lane, rank, world, e);
-  if (lane == 0 && (a.flags & kAgGate)) {
-    const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, e);
-    const u32* arrive = ag_word(a.sync, kAgArriveOffset);
-    for (i32 q = 0; q < world; ++q) {
-      // acquire (sys): peer q has started call e, so its GEMM of e - 1 has ended: the copies that
-      // follow this kernel may write into its gathered buffer (or read its own rows, pull)
-      if (q != rank && !wait_flag_geq(arrive + q, e, ctx, q, -1)) break;
-    }
+  if (!(a.flags & kAgGate)) return;
+  // lane q gates on peers q, q + 32, ... side by side, and compares each one's record of the call
+  // with this rank's (CTA 0 wrote it, acquired above) before any copy of the call moves data
+  const WaitCtx ctx = make_wait_ctx(g, kOpAgGemm, e);
+  const u32* arrive = ag_word(a.sync, kAgArriveOffset);
+  const u32* mine = ag_record(a.sync, e & 1u, rank);
+  for (i32 q = lane; q < world; q += 32) {
+    if (q == rank) continue;
+    // acquire (sys): peer q has started call e, so its GEMM of e - 1 has ended: the copies that
+    // follow this kernel may write into its gathered buffer (or read its own rows, pull)
+    if (!wait_flag_geq(arrive + q, e, ctx, q, -1)) break;
+    if (!record_check_wide(ag_record(a.sync, e & 1u, q), e, mine, ctx, q)) break;
   }
 }
 

@@ -1,9 +1,9 @@
 // AllGather-GEMM entries (rawflux/ops/ag_gemm.py):
 //   rawflux::gemm_kernel<GemmCfg<...>, StreamKSched | NarrowSched<w> (B (n, k)) | TileSched (B (k, n)),
 //                        AgWait, TmaStore | LocalStore>   the GEMM, waiting per chunk or k-slab
-//   rawflux::ag_local_kernel   the call's start: epoch, call record, own rows, arrival
+//   rawflux::ag_local_kernel   the call's start: epoch, call record, own rows, arrival (copy-engine
+//                              path: then the peers' arrivals and records)
 //   rawflux::ag_copy_kernel    the SM copy path (push or pull), bounded grid
-//   rawflux::ag_check_kernel   the copy-engine path's comparison of the peers' call records
 #pragma once
 
 #include "rawflux/fused/ag_gemm.cuh"
@@ -16,10 +16,5 @@ __global__ void __launch_bounds__(256) ag_local_kernel(const AgLocalArgs a, cons
 
 // grid = the SMs set aside for copying (the GEMM gets the rest), block 512.
 __global__ void __launch_bounds__(512) ag_copy_kernel(const AgCopyArgs a) { ag_copy_body(a); }
-
-// grid 1, block 64 (>= world): after ag_local_kernel, on a side stream.
-__global__ void __launch_bounds__(64) ag_check_kernel(const GroupCtrl* g, u64 sync) {
-  ag_check_records(g, sync, *ag_word(sync, kAgEpochOffset));  // the epoch: ag_local_kernel, earlier in stream order
-}
 
 }  // namespace rawflux

@@ -52,6 +52,13 @@ RAWFLUX_DEVICE u32 ld_relaxed_sys_u32(const u32* p) {
   return v;
 }
 
+// Four consecutive words in one relaxed load (p 16-byte aligned): coherent, ordering nothing.
+RAWFLUX_DEVICE uint4 ld_relaxed_sys_v4_u32(const u32* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
 RAWFLUX_DEVICE u32 ld_volatile_u32(const u32* p) {
   u32 v;
   asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
