@@ -33,6 +33,15 @@ RAWFLUX_DEVICE void record_push(u32* slot, u32 e, const Rec& rec) {
   st_release_sys_u32(slot, e);  // release (sys): the record's words reach the peer before its tag
 }
 
+// Word i of peer q's record against this rank's: a difference is recorded (kStateCallMismatch:
+// peer q, the word, this rank's value, the peer's) and the group aborted. False on a difference.
+RAWFLUX_DEVICE bool record_word_ok(const WaitCtx& ctx, i32 q, int i, u32 want, u32 got) {
+  if (want == got) return true;
+  record_failure(ctx, kStateCallMismatch, q, i, want, got, 0, 1ull << q);
+  raise_abort(ctx);
+  return false;
+}
+
 // One thread: waits (bounded) for peer q's record of call e in `slot` and compares it with `want`
 // word by word. A difference is recorded (kStateCallMismatch: peer q, the word, this rank's value,
 // the peer's) and the group aborted, so every other wait of the call gives up at once. False on
@@ -45,12 +54,7 @@ RAWFLUX_DEVICE bool record_check(const u32* slot, u32 e, const Rec& want, const 
 #pragma unroll 1
   for (int i = 1; i < kMetaWords; ++i) {
     const u32 w = want[i];
-    const u32 got = ld_relaxed_sys_u32(slot + i);
-    if (w != got) {
-      record_failure(ctx, kStateCallMismatch, q, i, w, got, 0, 1ull << q);
-      raise_abort(ctx);
-      return false;
-    }
+    if (!record_word_ok(ctx, q, i, w, ld_relaxed_sys_u32(slot + i))) return false;
   }
   return true;
 }
@@ -73,11 +77,7 @@ RAWFLUX_DEVICE bool record_check_wide(const u32* slot, u32 e, const u32* want, c
     const uint4& w = mine[i / 4];
     const u32 gv = i % 4 == 0 ? g.x : i % 4 == 1 ? g.y : i % 4 == 2 ? g.z : g.w;
     const u32 wv = i % 4 == 0 ? w.x : i % 4 == 1 ? w.y : i % 4 == 2 ? w.z : w.w;
-    if (wv != gv) {
-      record_failure(ctx, kStateCallMismatch, q, i, wv, gv, 0, 1ull << q);
-      raise_abort(ctx);
-      return false;
-    }
+    if (!record_word_ok(ctx, q, i, wv, gv)) return false;
   }
   return true;
 }
