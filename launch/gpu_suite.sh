@@ -118,11 +118,11 @@ for stage in "$@"; do
           python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "bitwise"
       done ;;
     agce)
-      # The copy-engine paths of ag_gemm where ranks share the GPU WITHOUT MPS (time-sliced
-      # contexts): under MPS 'ce' is refused (rawflux/ops/ag_gemm.py, _check_copy_path).
+      # The copy-engine paths of ag_gemm (and "auto", switching between "ce" and "sm") where ranks
+      # share the GPU WITHOUT MPS (time-sliced contexts): under MPS 'ce' is refused (_check_copy_path).
       for w in ${CE_WORLDS:-2 4}; do
         log ag_gemm ce paths world $w without MPS
-        timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/ce" 2>&1 | grep -a -E "ag_gemm world=" | first 30 || rc=1
+        timeout ${CE_TIMEOUT:-200} python3 -m rawflux.launch -n $w python3 tests/gpu/ag_gemm_checks.py --worker --quick --only "/(ce|auto)" 2>&1 | grep -a -E "ag_gemm world=" | first 30 || rc=1
       done ;;
     agsm)
       # the sm path's graph / torch_stream failures at 147f4ad, one change at a time (tests/gpu/ag_sm_bisect.py)

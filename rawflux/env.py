@@ -193,15 +193,16 @@ def ag_direction() -> str:
 
 
 def ag_copy() -> str | None:
-    """RAWFLUX_AG_COPY: default copy path of rawflux.ag_gemm, 'ce' (copy engine) or 'sm' (a copy
-    kernel on a few SMs, the GEMM on the rest). Unset: 'ce' between GPUs, 'sm' where ranks share
-    a GPU (the emulated node: a copy between two processes' buffers on one GPU is no copy-engine
-    transfer, and large ones were seen to stall behind a GEMM that waits on them)."""
+    """RAWFLUX_AG_COPY: default copy mode of rawflux.ag_gemm, 'ce' (copy engine), 'sm' (a copy
+    kernel on a few SMs, the GEMM on the rest) or 'auto' (per m: 'sm' where the host's copy-engine
+    calls would outlast the GEMM, else 'ce'; rawflux.ops.ag_gemm.pick_copy). Unset: 'auto' between
+    GPUs, 'sm' where ranks share a GPU (the emulated node: a copy between two processes' buffers on
+    one GPU is no copy-engine transfer, and large ones were seen to stall behind a GEMM that waits on them)."""
     raw = (os.environ.get("RAWFLUX_AG_COPY") or "").strip().lower()
     if not raw:
         return None
-    if raw not in ("ce", "sm"):
-        raise ValueError(f"RAWFLUX_AG_COPY must be 'ce' or 'sm', got {raw!r}")
+    if raw not in ("ce", "sm", "auto"):
+        raise ValueError(f"RAWFLUX_AG_COPY must be 'ce', 'sm' or 'auto', got {raw!r}")
     return raw
 
 

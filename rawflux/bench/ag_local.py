@@ -79,14 +79,14 @@ class AgLocal:
         ctrl, status, _ = _group_ctrl(rank, world, timeout_s, keep)
         op = _bare_op(A.AGGemm, rank, world, status, timeout_s, ctrl)
         op.n, op.k, op.dtype, op.out_dtype, op.b_layout = int(n), int(k), dt, dt, "nk"
-        op.direction, op.copy = "push", "ce"
+        op.direction, op.copy, op.paths = "push", "ce", ("ce",)
         op.m_local_cap = int(max_m) // world
         op.max_m = op.m_local_cap * world
         op.row_bytes = op.k * dt.itemsize
         op._cfgs, op._forced, op.tunable, op.last_tune, op.last_config = {}, {}, False, [], None
         op.slab_choice, op._slabs, op.b_first = None, {}, True
         op.sms = tune.device_info(0).sms
-        op.copy_sms = op.reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
+        op.copy_sms = op.ce_reserved_sms = 0  # push over copy engines between GPUs: every SM for the GEMM
         op._gath = SimpleNamespace(ptr=int(_alloc(op.max_m * op.row_bytes, keep).data.ptr))
         # Two sync buffers. The link's: its epoch advances with each link call (ag_local_kernel),
         # whose flags the emulator releases; every "peer" of the table is this buffer, so the call's

@@ -43,6 +43,11 @@ numbers its calls on the device (its epoch e) and every flag carries e.
       end; the GEMM, on SMs - R CTAs, follows it as its programmatic dependent (PDL), so it starts
       only once every copy CTA is resident (hazard 1: a copy kernel on a side stream was seen to
       get no SM while the GEMMs spun, under MPS). Three launches a call, no side streams.
+  copy mode "auto" (the default between GPUs): each m takes the path whose call the model has
+      ending first (pick_copy, ``op.path(m)``): "ce" costs the host two driver calls per peer,
+      "sm" three launches at any world but the copy kernel's SMs, so decode sizes, where the host
+      decides, go "sm" and the rest "ce". The pick depends on m and the op alone, so every rank
+      makes it alike, and the call record carries it.
 k-slabs (``slabs(m)``, S = 1, 2, 4 or 8): each chunk goes as S column slabs of k / S, slab 0 to
 every peer first, each slab with its own flag; the GEMM's producer waits for a tile's slab j only
 before its first k block of slab j (one wait covers every slab already landed), so where one wave
@@ -104,7 +109,8 @@ LOCAL_THREADS = 256
 COPY_THREADS = 512
 DTYPES = (DType.BF16, DType.F16)
 DIRECTIONS = {"push": 0, "pull": 1}  # kAgPush / kAgPull
-COPIES = {"ce": 0, "sm": 1}
+COPIES = {"ce": 0, "sm": 1}  # a call's copy path (its call record's field)
+COPY_MODES = ("ce", "sm", "auto")  # an op's: "auto" picks "ce" or "sm" per m (pick_copy)
 B_LAYOUTS = ("nk", "kn")
 
 # Byte layouts of the kernel parameters (cuda_src/rawflux/fused/ag_gemm.cuh); tests/cpu checks
@@ -126,6 +132,24 @@ SYNC_BYTES = RECORDS_OFFSET + 2 * MAX_WORLD * META_SLOT_BYTES
 COPY_COUNTERS = 2 + MAX_WORLD * MAX_SLABS  # kAgCopyCounters: ag_copy_kernel's claim, per-block and exit counters
 LINK_GBPS = 370.0  # the link the k-slab choice assumes (an H200's NVLink, one direction; rawflux.plan's default)
 CE_CALL_US = 5.0  # host us per driver call of the "ce" path (a copy, an event): host-cost.json's cuda memcpyAsync rows (4.8-5.4)
+
+
+def sm_issue_us(barrier: bool = False) -> float:
+    """The host's time to issue one "sm" call: three launches (the call's start, the copy kernel,
+    the GEMM) and pull's barrier, at CE_CALL_US each (a launch costs the host about a copy)."""
+    return CE_CALL_US * (3 + int(barrier))
+
+
+def pick_copy(gemm_ce_us: float, gemm_sm_us: float, world: int, sides: int = 1, barrier: bool = False) -> str:
+    """The copy path an "auto" op gives calls whose GEMM the model times at gemm_ce_us on every
+    SM the "ce" path leaves it and gemm_sm_us beside the copy kernel: the one whose call ends first,
+    a call lasting the longer of the host's issue time and the GEMM. "ce" costs the host two
+    driver calls per peer (ce_issue_us) but no SM, "sm" three launches at any world but copy_sms
+    SMs: at decode sizes the host decides ("sm"), from where the GEMM outlasts the host's copies
+    on, the SMs do ("ce"). Ties go to "ce"."""
+    ce = max(gemm_ce_us, ce_issue_us(world, 1, sides, barrier))
+    sm = max(gemm_sm_us, sm_issue_us(barrier))
+    return "sm" if sm < ce else "ce"
 
 
 def ce_issue_us(world: int, slabs: int, sides: int = 1, barrier: bool = False) -> float:
@@ -343,14 +367,22 @@ def sm_copy_steps(direction: str, rank: int, world: int, slabs: int = 1) -> list
 
 
 def default_copy(group, copy: str | None = None) -> str:
-    """The copy path: ``copy`` if given, else RAWFLUX_AG_COPY, else 'ce' when every peer is on
-    another GPU and 'sm' when ranks share one (see rawflux.env.ag_copy)."""
+    """The copy mode: ``copy`` if given, else RAWFLUX_AG_COPY, else 'auto' (per m, pick_copy)
+    when every peer is on another GPU and 'sm' when ranks share one (see rawflux.env.ag_copy)."""
     if copy is not None:
         return copy
     chosen = env.ag_copy()
     if chosen is not None:
         return chosen
-    return "sm" if sum(getattr(group, "same_device", ())) > 1 else "ce"
+    return "sm" if sum(getattr(group, "same_device", ())) > 1 else "auto"
+
+
+def copy_paths(group, copy: str) -> tuple[str, ...]:
+    """The paths an op of copy mode ``copy`` may give its calls: 'auto' is both, except where
+    ranks share a GPU under MPS, where 'ce' cannot run (_check_copy_path) and 'auto' is 'sm'."""
+    if copy != "auto":
+        return (copy,)
+    return ("sm",) if getattr(group, "shares_gpu_under_mps", False) else ("ce", "sm")
 
 
 def _check_options(direction: str, copy: str, b_layout: str) -> None:
@@ -358,8 +390,8 @@ def _check_options(direction: str, copy: str, b_layout: str) -> None:
         raise ValueError(f"b_layout must be 'nk' (b is (n_local, k), a linear layer's weight) or 'kn' (b is (k, n_local)), not {b_layout!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'push' or 'pull', not {direction!r}")
-    if copy not in COPIES:
-        raise ValueError(f"copy must be 'ce' (copy engine) or 'sm' (copy kernel on a few SMs), not {copy!r}")
+    if copy not in COPY_MODES:
+        raise ValueError(f"copy must be 'ce' (copy engine), 'sm' (copy kernel on a few SMs) or 'auto' (per m), not {copy!r}")
 
 
 def _check_copy_path(group, copy: str) -> None:
@@ -481,6 +513,7 @@ class _Fast:
     starts: Blocks | None = None  # world > 1: the call's start and ("sm") copy kernel, packed once
     cfg: GemmConfig | None = None  # world > 1: the GEMM's configuration (the op's last_config after a fast call)
     own_ptr: int = 0  # world > 1, own tiles read in place: the a_shard its GEMM's own map was last written for (0: none read)
+    path: str = "ce"  # world > 1: the call's copy path (AGGemm.path)
 
 
 @dataclass(frozen=True)
@@ -507,8 +540,9 @@ class AGGemm(CollectiveOp):
            copy_sms=None, ce_streams=1, slabs=None, b_first=True)
     group: a rawflux Group (None: the current one). max_m: the largest m (all ranks' rows) a call
     may use; m must be a multiple of the world size W. n: this rank's output columns (n_local).
-    direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" (default
-    RAWFLUX_AG_COPY, ce). slabs: k-slabs per chunk (1, 2, 4 or 8, dividing k into whole 64-column
+    direction: "push" | "pull" (default RAWFLUX_AG_DIRECTION, push); copy: "ce" | "sm" | "auto"
+    (default RAWFLUX_AG_COPY, else "auto" between GPUs and "sm" where ranks share one; "auto": per
+    m, ``op.path(m)``). slabs: k-slabs per chunk (1, 2, 4 or 8, dividing k into whole 64-column
     blocks; None: per m, the model's pick, ``op.slabs(m)``): a chunk travels as that many column
     slabs, each with its own flag, so a tile starts on the first slab while the rest is in flight.
     On "ce" the pick of an eager call also counts the host's driver calls; ``op.capture`` counts
@@ -551,6 +585,8 @@ class AGGemm(CollectiveOp):
             raise ValueError(f"max_m = {max_m} must be at least the world size {world} (one row per rank)")
         self.n, self.k, self.dtype, self.out_dtype, self.b_layout = n, k, dt, od, b_layout
         self.direction, self.copy = direction, copy
+        self.paths = copy_paths(g, copy) if world > 1 else ("ce",)
+        self._path: dict[int, str] = {}  # per m: the path an "auto" op's calls take (path())
         self.m_local_cap = max_m // world
         self.max_m = self.m_local_cap * world
         self.row_bytes = k * dt.itemsize
@@ -559,11 +595,11 @@ class AGGemm(CollectiveOp):
         self._forced: dict[int, GemmConfig] = {}  # per m: a tuned (or being timed) configuration
         self.last_tune: list = []  # the rows of this op's latest tuning run
         self._lock = threading.Lock()
-        sides = (int(ce_streams) if copy == "ce" else 1) if world > 1 else 0
+        sides = (int(ce_streams) if "ce" in self.paths else 1) if world > 1 else 0
         super().__init__(g, side_streams=sides)
         self.sms = tune.device_info(self.device_id).sms
         self.copy_sms = 0
-        if copy == "sm" and world > 1:
+        if "sm" in self.paths and world > 1:
             self.copy_sms = default_copy_sms(self.sms) if copy_sms is None else int(copy_sms)
             if not 1 <= self.copy_sms < self.sms:
                 raise ValueError(f"copy_sms = {self.copy_sms}: between 1 and SMs - 1 = {self.sms - 1}")
@@ -573,11 +609,11 @@ class AGGemm(CollectiveOp):
         # GPU); between GPUs, pull's flags are (the epoch word into this rank's own ready flags):
         # two H200s, 2026-11-29, pull/ce timed out at its first call once the GEMM filled the GPU
         # (m = 4096, n = 24576), while push/ce, whose flags go to the peer, ran.
-        self.reserved_sms = self.copy_sms
-        if copy == "ce" and world > 1 and sum(getattr(g, "same_device", ())) > 1:
-            self.reserved_sms = max(2, min(8, self.sms // 8))
-        elif copy == "ce" and world > 1 and direction == "pull":
-            self.reserved_sms = 1  # the 4-byte flag copies run one small kernel at a time
+        self.ce_reserved_sms = 0
+        if world > 1 and sum(getattr(g, "same_device", ())) > 1:
+            self.ce_reserved_sms = max(2, min(8, self.sms // 8))
+        elif world > 1 and direction == "pull":
+            self.ce_reserved_sms = 1  # the 4-byte flag copies run one small kernel at a time
         self._gath = self._sync = None
         self._counters = None
         if world > 1:
@@ -592,13 +628,13 @@ class AGGemm(CollectiveOp):
                 cupy.cuda.Device(self.device_id).synchronize()
             # Load every small kernel now: never compile or load inside a graph capture.
             self.kernel(KERNEL_FILE, LOCAL_KERNEL)
-            if copy == "sm":
+            if "sm" in self.paths:
                 self.kernel(KERNEL_FILE, COPY_KERNEL)
-            # per-op constants of every call: its steps (per slab count), the start kernel's flags
+            # per-op constants of every call: its steps (per path and slab count), the start kernel's flags
             self._sides = max(1, sides)
-            self._schedules = {s: tuple(schedule(direction, copy, self.rank, world, self._sides, s)) for s in SLAB_CHOICES}
-            self._programs: dict[tuple, tuple] = {}  # _program()'s, per (slabs, m_loc, src_pitch)
-            self._local_flags = (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if copy == "ce" else 0)
+            self._schedules = {(p, s): tuple(schedule(direction, p, self.rank, world, self._sides, s)) for p in self.paths for s in SLAB_CHOICES}
+            self._programs: dict[tuple, tuple] = {}  # _program()'s, per (path, slabs, m_loc, src_pitch)
+            self._local_flags = {p: (LOCAL_ARRIVE_LATE if direction == "pull" else 0) | (LOCAL_GATE if p == "ce" else 0) for p in self.paths}
             self.agree_stored()  # the stored tunings every rank holds (one bounded exchange)
 
     # --- sizes ----------------------------------------------------------------------------------
@@ -617,10 +653,37 @@ class AGGemm(CollectiveOp):
         return m_local * self.row_bytes
 
     # --- configuration ----------------------------------------------------------------------------
+    @property
+    def reserved_sms(self) -> int:
+        """SMs the GEMM leaves free on the op's one path (an "auto" op: reserved(path(m)) per m)."""
+        return self.reserved(self.paths[0]) if len(self.paths) == 1 else max(self.reserved(p) for p in self.paths)
+
+    def reserved(self, path: str) -> int:
+        """SMs a call on ``path`` leaves free: the copy kernel's on "sm"; on "ce" those a copy within
+        one device or pull's flag copies need (ce_reserved_sms)."""
+        return self.copy_sms if path == "sm" else self.ce_reserved_sms
+
+    def path(self, m: int) -> str:
+        """The copy path of a call with m rows: the op's one, or an "auto" op's pick_copy on the
+        model's times of the default configuration on each path's SMs (not fused_config's, whose
+        decomposition weighs this rank's arrivals: the pick must be the same on every rank; the call
+        record carries it)."""
+        if len(self.paths) == 1:
+            return self.paths[0]
+        got = self._path.get(m)
+        if got is None:
+            if len(self._path) > 4096:
+                self._path.clear()
+            base, dev = self._default(m), tune.device_info(self.device_id)
+            on = lambda p: replace(base, ctas=self.sms - self.reserved(p)) if self.reserved(p) else base  # noqa: E731
+            t = {p: tune.estimate_us(m, self.n, self.k, on(p), dev, self.out_dtype.itemsize) for p in self.paths}
+            got = self._path[m] = pick_copy(t["ce"], t["sm"], self.world, self._sides, self.direction == "pull")
+        return got
+
     def config(self, m: int) -> GemmConfig:
         """The GEMM configuration a call with m rows uses (fused_config of the stored or default
-        pick: k-split clusters off, the order rotated to this rank's chunk; on the "sm" path the
-        GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
+        pick: k-split clusters off, the order rotated to this rank's chunk; on the "sm" path (path(m))
+        the GEMM's persistent grid leaves copy_sms SMs to the copy kernel).
         rawflux.gemm(..., config=this) on the gathered A computes bitwise the same output."""
         cfg = self._cfgs.get(m)
         if cfg is None:
@@ -646,7 +709,7 @@ class AGGemm(CollectiveOp):
             return self.slab_choice
         cfg = self.config(m) if cfg is None else cfg
         if eager is None:
-            eager = self.copy == "ce" and not self.capturing
+            eager = self.path(m) == "ce" and not self.capturing
         key = (m, cfg, eager)
         got = self._slabs.get(key)
         if got is None:
@@ -662,7 +725,8 @@ class AGGemm(CollectiveOp):
         k-split pair: its tile without the pair, split-K 2; data-parallel with B (k, n): SCHEDS),
         the op's rotation, and on the "sm" path the copy kernel's SMs left free (hazard 1).
         Checked here, before the call issues anything."""
-        ctas = min(config.ctas or self.sms, self.sms - self.reserved_sms) if self.reserved_sms else config.ctas
+        reserved = self.reserved(self.path(m))
+        ctas = min(config.ctas or self.sms, self.sms - reserved) if reserved else config.ctas
         tile, decomp = fused_decomp(config, self.b_layout)
         cfg = replace(config, tile=tile, decomp=decomp, ctas=ctas, rotate=row_shift(m, self.world, self.rank, tile))
         engine.check_config(cfg, m, self.n, self.k, sched=SCHEDS[self.b_layout], b_layout=self.b_layout, out_dtype=self.out_dtype,
@@ -671,15 +735,16 @@ class AGGemm(CollectiveOp):
         return cfg
 
     def _adapt(self, base: GemmConfig, m: int) -> GemmConfig:
-        """A GEMM configuration as calls of m run it (fused_config), on the SMs the call leaves free."""
-        return fused_config(base, m, self.world, self.sms - self.reserved_sms if self.reserved_sms else base.ctas, rank=self.rank,
+        """A GEMM configuration as calls of m run it (fused_config), on the SMs the call's path leaves free."""
+        reserved = self.reserved(self.path(m))
+        return fused_config(base, m, self.world, self.sms - reserved if reserved else base.ctas, rank=self.rank,
                             n=self.n, k=self.k, dev=tune.device_info(self.device_id), out_bytes=self.out_dtype.itemsize,
                             b_layout=self.b_layout)
 
     # --- tuning (RAWFLUX_TUNE; rawflux/tune/collective.py) -------------------------------------------
     def _tune_id(self, m: int) -> str:
         shape = {"m": m, "n": self.n, "k": self.k, "layout": self.b_layout, "out": self.out_dtype.tag, "direction": self.direction,
-                 "copy": self.copy, "copy_sms": self.copy_sms}
+                 "copy": self.path(m), "copy_sms": self.copy_sms}
         return self.tune_key(shape, self.dtype.tag)
 
     def _config_ok(self, cfg: GemmConfig) -> bool:
@@ -762,10 +827,11 @@ class AGGemm(CollectiveOp):
             bound = plan.bind(ta.strides[0] if m > 1 else k, ldb)
             meta, slabs = b"", 1
         else:
+            path = self.path(m)
             slabs = self.slabs(m, self.last_config)
             edges, own = self._in_place(m_loc, self.last_config, False, ta.ptr, src_pitch)
             plan, pro = self._gemm_plan(s, self.last_config, m_loc, slabs, own)
-            bound = plan.bind(k, ldb, pro, pdl=self.copy == "sm")
+            bound = plan.bind(k, ldb, pro, pdl=path == "sm")
             meta = self.call_record(self._fields(m_loc, slabs))
         spans = (fastpath.span(ta), fastpath.span(tb), fastpath.span(c.tbias))
         new_out = None if c.tout is not None else fastpath.allocator(fw, res, self.device_id)
@@ -774,12 +840,13 @@ class AGGemm(CollectiveOp):
             local = engine.LaunchBlock(self.kernel(KERNEL_FILE, LOCAL_KERNEL), self._local_grid(m_loc, edges), LOCAL_THREADS, 1, 0,
                                        (self._local_args(0, src_pitch, m_loc, edges=edges), meta))
             copy = None
-            if self.copy == "sm":
+            if path == "sm":
                 copy = engine.LaunchBlock(self.kernel(KERNEL_FILE, COPY_KERNEL), self.copy_sms, COPY_THREADS, 1, 0,
                                           (self._copy_args(0, src_pitch, m_loc, slabs),))
             starts = Blocks(local, copy)
         return _Fast(s, bound, m, m_loc, ldc, src_pitch, c.bias_kind, meta, slabs, spans, fastpath.byte_span(m, n, ldc, od.itemsize),
-                     new_out, starts, self.last_config if self.world > 1 else None, own[0] if self.world > 1 and own else 0)
+                     new_out, starts, self.last_config if self.world > 1 else None, own[0] if self.world > 1 and own else 0,
+                     path if self.world > 1 else "ce")
 
     def _fast_call(self, f: _Fast, a_shard, b, bias, out, stream):
         """Launch f's call for these arrays, or None where the validated path must look at it."""
@@ -800,7 +867,7 @@ class AGGemm(CollectiveOp):
                 f.bound.launch(s)
             else:
                 with self._device():
-                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs, f.starts)
+                    self._steps(s, pa, f.src_pitch, f.m_loc, f.meta, lambda: f.bound.launch(s), f.slabs, f.path, f.starts)
                 self.last_config = f.cfg
         return out
 
@@ -841,8 +908,9 @@ class AGGemm(CollectiveOp):
         return result, wrap_output(ta, view, stream=s)
 
     def _fields(self, m_loc: int, slabs: int) -> tuple[int, ...]:
-        """The call record's fields (META_FIELDS)."""
-        return (m_loc, self.k, DTYPE_CODE[self.dtype], DIRECTIONS[self.direction], COPIES[self.copy], self.m_local_cap, slabs)
+        """The call record's fields (META_FIELDS): the copy path is the call's (path())."""
+        return (m_loc, self.k, DTYPE_CODE[self.dtype], DIRECTIONS[self.direction], COPIES[self.path(m_loc * self.world)], self.m_local_cap,
+                slabs)
 
     def _call_local(self, ta, tb, bias, out, tg, gathered_out, return_gathered, s, config):
         """World 1: no communication. The gathered A is a_shard itself."""
@@ -864,12 +932,13 @@ class AGGemm(CollectiveOp):
     def _run(self, s: int, ta, tb, tc, m_loc: int, cfg: GemmConfig, bias_ptr: int, bias_kind: int, fields, slabs: int,
              gathered: bool = False) -> None:
         src_pitch = ta.strides[0] * ta.itemsize if m_loc > 1 else self.row_bytes
+        path = self.path(m_loc * self.world)
         edges, own = self._in_place(m_loc, cfg, gathered, ta.ptr, src_pitch)
         gemm = self._prepare_gemm(s, cfg, m_loc, tb, tc, bias_ptr, bias_kind, slabs, own)
         # the gathered A asked for on "ce" push: the rows read in place copied on a side stream, beside the GEMM
         late = edges if gathered and own else None
-        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=self.copy == "sm"), slabs,
-                    edges=edges, own_late=late)
+        self._steps(s, ta.ptr, src_pitch, m_loc, self.call_record(fields), lambda: self._launch_gemm(s, gemm, pdl=path == "sm"), slabs,
+                    path, edges=edges, own_late=late)
 
     def _in_place(self, m_loc: int, cfg: GemmConfig, gathered: bool, a_ptr: int, src_pitch: int):
         """(edges, own): the own rows the call's start copies (_edges), and (a_ptr, src_pitch) of
@@ -883,11 +952,11 @@ class AGGemm(CollectiveOp):
         (head = tail = m_loc) where the peers read them from the gathered buffer ("pull"), or
         where the call returns the gathered A on "sm" (on "ce" push the rows read in place go
         to the gathered buffer on a side stream beside the GEMM: _steps' own_late)."""
-        if self.direction == "pull" or (gathered and self.copy == "sm"):
+        if self.direction == "pull" or (gathered and self.path(m_loc * self.world) == "sm"):
             return m_loc, m_loc
         return edge_rows(m_loc, self.rank, cfg.tile.bm)
 
-    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int,
+    def _steps(self, s: int, a_ptr: int, src_pitch: int, m_loc: int, record: bytes, launch_gemm, slabs: int, path: str,
                blocks: Blocks | None = None, edges: tuple[int, int] | None = None, own_late: tuple[int, int] | None = None) -> None:
         """The call's schedule: the call's start (local), the copies and flags, the GEMM (launch_gemm()), the join;
         ``blocks``: the fast path's packed start and copy kernel (else packed here, the own rows
@@ -896,7 +965,7 @@ class AGGemm(CollectiveOp):
         chunk copies (the caller asked for the gathered A; joined before the call returns)."""
         from cupy.cuda import runtime
 
-        kinds, copies = self._program(slabs, m_loc, src_pitch)
+        kinds, copies = self._program(path, slabs, m_loc, src_pitch)
         sides: list[int] = []
         for kind in kinds:
             if kind == "local":
@@ -904,7 +973,7 @@ class AGGemm(CollectiveOp):
                     blocks.local.write(0, SRC.pack(a_ptr), SRC_OFFSET)
                     blocks.local.launch(s)
                 else:
-                    self._launch_local(s, a_ptr, src_pitch, m_loc, record, edges=edges)
+                    self._launch_local(s, a_ptr, src_pitch, m_loc, record, self._local_flags[path], edges)
             elif kind == "barrier":
                 self.barrier(s)
             elif kind == "fork":
@@ -935,11 +1004,11 @@ class AGGemm(CollectiveOp):
             else:  # pragma: no cover - _program() only makes the kinds above
                 raise AssertionError(kind)
 
-    def _program(self, slabs: int, m_loc: int, src_pitch: int) -> tuple[tuple[str, ...], tuple[tuple, ...]]:
+    def _program(self, path: str, slabs: int, m_loc: int, src_pitch: int) -> tuple[tuple[str, ...], tuple[tuple, ...]]:
         """The call's schedule() as run: its step kinds, each run of copy and flag steps folded into
         one "copies" kind, and those copies' arguments (shard, dst, src, src pitch, bytes a row,
-        rows (0: one 1-D copy), side stream), computed once per (slabs, m_loc, src_pitch)."""
-        key = (slabs, m_loc, src_pitch)
+        rows (0: one 1-D copy), side stream), computed once per (path, slabs, m_loc, src_pitch)."""
+        key = (path, slabs, m_loc, src_pitch)
         got = self._programs.get(key)
         if got is not None:
             return got
@@ -948,7 +1017,7 @@ class AGGemm(CollectiveOp):
         gath, sync = self._gath, self._sync
         kinds: list[str] = []
         copies: list[tuple] = []
-        for st in self._schedules[slabs]:
+        for st in self._schedules[path, slabs]:
             if st.kind not in ("copy", "flag"):
                 kinds.append(st.kind)
                 continue
@@ -983,7 +1052,7 @@ class AGGemm(CollectiveOp):
         dst = self._gath.ptr + self.rank * self.chunk_bytes(m_loc)
         head, tail = edges or (m_loc, m_loc)
         return AG_LOCAL_ARGS.pack(self.group_ctrl_ptr, src, dst, self._sync.ptr, self._sync.peer_table_ptr, src_pitch, m_loc,
-                                  self.row_bytes // 16, self._local_flags if flags is None else flags, head, tail, 0)
+                                  self.row_bytes // 16, self._local_flags[self.path(m_loc * self.world)] if flags is None else flags, head, tail, 0)
 
     def _copy_args(self, src: int, src_pitch: int, m_loc: int, slabs: int) -> bytes:
         return AG_COPY_ARGS.pack(self.group_ctrl_ptr, src, self._gath.peer_table_ptr, self._sync.ptr, self._sync.peer_table_ptr,

@@ -746,7 +746,8 @@ class _SameDeviceGroup:
 
 
 @pytest.mark.parametrize("same_device,env_value,given,want", [
-    ([True, False, False, False], None, None, "ce"),   # one rank per GPU: the copy engine
+    ([True, False, False, False], None, None, "auto"), # one rank per GPU: per m (pick_copy)
+    ([True, False], "auto", None, "auto"),
     ([True, True, True, True], None, None, "sm"),      # the emulated node: copies by SMs
     ([True, True, True, True], "ce", None, "ce"),      # RAWFLUX_AG_COPY wins over the guess
     ([True, False], "sm", None, "sm"),
@@ -762,7 +763,7 @@ def test_default_copy_path(monkeypatch, same_device, env_value, given, want):
 
 def test_bad_copy_switch_is_rejected(monkeypatch):
     monkeypatch.setenv("RAWFLUX_AG_COPY", "dma")
-    with pytest.raises(ValueError, match="RAWFLUX_AG_COPY must be 'ce' or 'sm'"):
+    with pytest.raises(ValueError, match="RAWFLUX_AG_COPY must be 'ce', 'sm' or 'auto'"):
         A.default_copy(_SameDeviceGroup([True]), None)
 
 
@@ -1088,3 +1089,72 @@ def test_slab_simulation_can_fail(monkeypatch, bug):
     monkeypatch.setattr(A, "schedule", broken)
     with pytest.raises(AssertionError, match="flag set before its data" if bug == "late_slab_flag_first" else "flags"):
         _simulate("push", "ce", 4, 1, slabs=4)
+
+
+def test_pick_copy_weighs_the_host_against_the_gemm():
+    # a call lasts the longer of the host's issue time and the GEMM: "ce" issues two driver calls
+    # per peer (ce_issue_us), "sm" three launches but runs the GEMM on copy_sms fewer SMs
+    for world in (2, 4, 8):
+        ce_host, sm_host = A.ce_issue_us(world, 1), A.sm_issue_us()
+        assert sm_host < ce_host
+        assert A.pick_copy(1.0, 1.2, world) == "sm"  # decode: the host decides
+        assert A.pick_copy(sm_host + 1, sm_host + 2, world) == "sm"
+        assert A.pick_copy(ce_host, ce_host * 1.13, world) == "ce"  # the GEMM outlasts the host: the SMs decide
+        assert A.pick_copy(ce_host + 50, ce_host + 60, world) == "ce"
+        assert A.pick_copy(ce_host, ce_host, world) == "ce"  # a tie keeps every SM for the GEMM
+    # more side streams and pull's barrier cost the "ce" host more
+    assert A.ce_issue_us(4, 1, 2, True) > A.ce_issue_us(4, 1)
+    assert A.sm_issue_us(True) == A.sm_issue_us() + A.CE_CALL_US
+
+
+def _auto_call(op, log, m_loc, n, k, main=0x42):
+    a, b, out = FakeCAI(BASE, (m_loc, k)), FakeCAI(BASE + (2 << 30), (n, k)), FakeCAI(BASE + (1 << 30), (m_loc * op.world, n))
+    log.clear()
+    assert op(a, b, out=out, stream=main) is out
+    launches = [(e[1], e[2]) + e[5:] for e in log if e[0] == "launch"]
+    local = next(e for e in log if e[0] == "launch" and e[1] == "ag_local_kernel")
+    return launches, A.CALL_RECORD.unpack(local[4][1]), A.AG_LOCAL_ARGS.unpack(local[4][0])[8], [e for e in log if e[0].startswith("memcpy")]
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_an_auto_op_takes_the_sm_path_at_decode_and_ce_above(fake_cuda, direction):
+    log, plans = fake_cuda
+    rank, world, n, k = 1, 4, 4096, 4096
+    op = A.AGGemm(OpGroup(rank, world, log), world * 2048, n, k, "bf16", direction=direction)
+    assert op.copy == "auto" and op.paths == ("ce", "sm")
+    small, large = world * 16, world * 2048
+    dev = A.tune.device_info(0)
+    # the model's time of the default pick on each path's SMs (no rank-dependent decomposition)
+    t = lambda m, p: A.tune.estimate_us(m, n, k, A.replace(op._default(m), ctas=132 - op.reserved(p)), dev)  # noqa: E731
+    assert op.path(small) == A.pick_copy(t(small, "ce"), t(small, "sm"), world, op._sides, direction == "pull") == "sm"
+    assert op.path(large) == A.pick_copy(t(large, "ce"), t(large, "sm"), world, op._sides, direction == "pull") == "ce"
+    main = 0x42
+    late = A.LOCAL_ARRIVE_LATE if direction == "pull" else 0
+    # decode, twice (the validated call, then the fast path): the copy kernel, the GEMM its PDL dependent, no copy engine
+    for _ in range(2):
+        launches, record, flags, copies = _auto_call(op, log, small // world, n, k, main)
+        assert launches == [("ag_local_kernel", main), ("ag_copy_kernel", main), ("gemm_kernel", main, "pdl")]
+        assert record[6] == A.COPIES["sm"] and flags == late and copies == []
+        assert op.last_config.ctas == 132 - op.copy_sms
+    # a large m: the copy engine, every SM for the GEMM (pull: one left to the flag copies)
+    for _ in range(2):
+        launches, record, flags, copies = _auto_call(op, log, large // world, n, k, main)
+        assert launches == [("ag_local_kernel", main), ("gemm_kernel", main)]
+        assert record[6] == A.COPIES["ce"] and flags == late | A.LOCAL_GATE
+        assert len(copies) == 2 * (world - 1) * op.slabs(large)
+        assert op.last_config.ctas in ((131,) if direction == "pull" else (0, 132))
+    # and back: the paths alternate call by call, each with its own record
+    launches, record, _, copies = _auto_call(op, log, small // world, n, k, main)
+    assert record[6] == A.COPIES["sm"] and copies == [] and len(launches) == 3
+    # the tuning key names the call's path, so a tuned "ce" pick never runs on the "sm" path
+    assert op._tune_id(small) != op._tune_id(large)
+
+
+def test_auto_is_sm_where_ranks_share_a_gpu_under_mps(fake_cuda):
+    log, _ = fake_cuda
+    g = OpGroup(0, 2, log)
+    g.shares_gpu_under_mps = True
+    op = A.AGGemm(g, 2 * 2048, 4096, 4096, "bf16", copy="auto")
+    assert op.paths == ("sm",) and op.path(2 * 2048) == op.path(2) == "sm" and op.reserved_sms == op.copy_sms > 0
+    with pytest.raises(ValueError, match="not supported where ranks share one GPU under MPS"):
+        A.AGGemm(g, 2 * 2048, 4096, 4096, "bf16", copy="ce")

@@ -153,7 +153,7 @@ def test_ag_gemm_maps_a_ksplit_pick_to_its_base_tile(monkeypatch):
     monkeypatch.setattr(tune, "device_info", lambda *a: H200)
     op._cfgs, op._forced, op.world, op.rank = {}, {}, 1, 0  # world 1: no stored tuning to agree on
     op.n, op.k, op.dtype, op.b_layout, op.out_dtype, op.device_id = 6144, 12288, DType.BF16, "nk", DType.BF16, 0
-    op.sms, op.reserved_sms = 132, 0
+    op.sms, op.paths, op.ce_reserved_sms = 132, ("ce",), 0
     cfg = op.config(128)
     # the pair's tile without the pair, its k halves as split-K 2 where the model has that paying
     assert cfg.tile == tune.ksplit_base(pick.tile) and cfg.tile in tune.TILES and cfg.splits in (1, 2)

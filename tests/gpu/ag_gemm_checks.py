@@ -9,7 +9,8 @@ node (N ranks on one GPU under MPS) or one rank per GPU (--real).
 For each world size it launches this script again with --worker (``python -m rawflux.launch
 --emulate W`` / ``-n 1`` for world 1); rank 0 prints one line per check
 ("ag_gemm world=W <check> PASS|FAIL|SKIP  detail") and the driver ends with a summary line.
-Every check runs for each gather path where it applies (direction push|pull x copy ce|sm):
+Every check runs for each gather path where it applies (direction push|pull x copy ce|sm; where
+"ce" can run, copy "auto" switching between the two call by call):
 
   bitwise[...]    out bitwise equal to rawflux.gemm on the gathered A with the op's own config
                   (nk and kn, with and without bias); gathered A bitwise equal to every rank's
@@ -259,6 +260,17 @@ def check_bitwise(ctx: Ctx, direction, copy, layout, m_locs, n=256, k=512, with_
     return not problems, "; ".join(problems[:3]) or (f"m/W in {list(m_locs)}, n={n} k={k} {layout}{' +bias' if with_bias else ''}"
                                                      f"{' tile ' + config.tile.tag() if config else ''}"
                                                      f"{f' {slabs} k-slabs' if slabs else ''}")
+
+
+def check_auto(ctx: Ctx, direction, n=2048, k=4096, small=16, large=2048):
+    """copy="auto": decode-size calls take the "sm" path and large ones "ce" (op.path), and calls
+    alternating between the two are bitwise equal to rawflux.gemm, the gathered A too."""
+    op = ctx.op(direction, "auto", n, k, "nk", ctx.world * large)
+    paths = {m_loc: op.path(m_loc * ctx.world) for m_loc in (small, large)}
+    if paths != {small: "sm", large: "ce"}:
+        return False, f"op.path picks {paths}, not 'sm' at m/W = {small} and 'ce' at {large}: the check would not switch paths"
+    ok, detail = check_bitwise(ctx, direction, "auto", "nk", (small, large, small, 3, large, small), n=n, k=k)
+    return ok, f"paths {paths}; {detail}"
 
 
 def check_accuracy(ctx: Ctx, layout="nk", m_loc=256, n=512, k=2048):
@@ -708,6 +720,9 @@ def checks(ctx: Ctx):
             out.append((f"bitwise[{tag},slabs4,tile64x128]",
                         lambda x, d=d, c=c: check_bitwise(x, d, c, "kn", (100, 33), n=200, k=1024, with_bias=True, tile=(64, 128),
                                                           slabs=4)))
+    if ctx.world > 1 and any(c == "ce" for _, c in ctx.modes):  # "auto" switches between "ce" and "sm" call by call
+        for d in ("push", "pull"):
+            out.append((f"bitwise[{d}/auto,alternating]", lambda x, d=d: check_auto(x, d)))
     out.append(("accuracy", check_accuracy))
     if ctx.world > 1:
         out.append(("gathered_nccl", check_gathered_nccl))
