@@ -40,6 +40,7 @@ Limits: no link contention or latency; every unit equally long (no slower
 first wave, no L2 effects of the rotation); one rank (--rank), not the slowest of the group.
 Chunks go in k-slabs as the op picks them for the device (ops.ag_gemm.slab_count; an eager "ce"
 call may take fewer, its host's issue time counted: ce_issue_us); --slabs S models S instead.
+The last line names the path copy="auto" gives the call (ops.ag_gemm.pick_copy; field "copy").
 Exit status 2 on bad arguments.
 
     python -m rawflux.plan gemm_ar --world 8 --n 8192 --k 1024 [--ms 1,16,128,512] [--link-gbps 370]
@@ -65,7 +66,7 @@ from dataclasses import asdict, dataclass, replace
 
 from . import tune
 from .ops.ag_gemm import DTYPES as AG_DTYPES
-from .ops.ag_gemm import _check_nk, edge_rows, fused_config, slab_count
+from .ops.ag_gemm import _check_nk, ce_issue_us, default_copy_sms, edge_rows, fused_config, pick_copy, slab_count, sm_issue_us
 from .ops.gemm_rs import PARTIALS, choose_config, rs_tiles
 from .runtime import DType
 from .tune import ag_order
@@ -349,6 +350,8 @@ class AgPrediction:
     ratio_best: float  # predicted / max(T_gemm_best, T_gather)
     slabs: int = 1  # k-slabs per chunk (ag_order's K-slabs; 1: whole chunks)
     flags_us: float = 0.0  # the slabs' extra flag waits (ag_order.slab_flag_us), in predicted_us
+    copy: str = "ce"  # the path copy="auto" gives this call (ops.ag_gemm.pick_copy); the model times "ce"
+    t_gemm_sm_us: float = 0.0  # the plain pick beside the "sm" path's copy kernel (its SMs taken), for that pick
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -411,11 +414,13 @@ def predict_ag(world: int, m: int, n: int, k: int, *, tile=None, link_gbps: floa
     flags = ag_order.slab_flag_us(order, t, m, world, rank, slabs, g)
     predicted = fixed + sim.gemm_end + flags
     ctm, ctn = ag_order.ctiles(m, n, t)
+    t_sm = tune.estimate_us(m, n, k, replace(best, ctas=dev.sms - default_copy_sms(dev.sms)), dev, item)
+    path = pick_copy(t_best, t_sm, world)
     return AgPrediction(t.tag(), cfg.tag(), base.tag(), best.tag(), world, rank, m, n, k, m_loc, dev.sms, g, ctm, ctn,
                         cfg.group, ag_order.row_shift(m, world, rank, t), len(order), waves, unit_us, link_gbps, t_chunk, arr,
                         w_units, w_steps, w_need, w_wait, sum(w_wait), t_fused, t_best, t_gather, copy_us, LAUNCH_US,
                         fixed, sim.gemm_end, predicted, predicted / max(t_fused, t_gather),
-                        predicted / max(t_best, t_gather), slabs, flags)
+                        predicted / max(t_best, t_gather), slabs, flags, path, t_sm)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,6 +532,8 @@ def _report_ag(p: AgPrediction) -> str:
         f"+ GEMM end {p.gemm_end_us:.1f} us" + (f" + slab flags {p.flags_us:.1f} us" if p.flags_us else "")
         + f": predicted {p.predicted_us:.1f} us",
         f"predicted / max(T_gemm_fused, T_gather) = {p.ratio_fused:.3f}, predicted / max(T_gemm_best, T_gather) = {p.ratio_best:.3f}",
+        f"copy=\"auto\" takes \"{p.copy}\" here: a call lasts max(host, GEMM), \"ce\" max({ce_issue_us(p.world, 1):.0f}, {p.t_gemm_best_us:.1f}) us, "
+        f"\"sm\" max({sm_issue_us():.0f}, {p.t_gemm_sm_us:.1f}) us (the lines above model \"ce\")",
     ]
     return "\n".join(lines)
 

@@ -498,3 +498,19 @@ def test_predict_counts_the_edge_rows_copy(rank, edges):
     p = plan.predict_ag(world, m, n, k, tile=tile.tag(), sms=2, rank=rank)
     assert A.edge_rows(192, rank, 128) == edges
     assert p.copy_us == pytest.approx(2 * 64 * k * 2 / 3.4e12 * 1e6)
+
+
+@pytest.mark.parametrize("world,m,n,k,want", [
+    (8, 64, 1024, 8192, "sm"),     # decode at W = 8: the host's 14 copies and flags outlast the GEMM
+    (2, 32, 2048, 4096, "sm"),     # tests/gpu/ag_gemm_checks.py check_auto's decode call
+    (2, 16, 4096, 8192, "ce"),     # W = 2's host is 40 us; the GEMM on 16 fewer SMs is longer (46 vs 30 us)
+    (2, 4096, 2048, 4096, "ce"),   # check_auto's large call
+    (8, 8192, 3584, 8192, "ce"),   # prefill: the GEMM outlasts the host, every SM for it
+])
+def test_the_auto_copy_path_is_named(world, m, n, k, want):
+    from rawflux.ops.ag_gemm import pick_copy
+
+    p = plan.predict_ag(world, m, n, k)
+    assert p.copy == want == pick_copy(p.t_gemm_best_us, p.t_gemm_sm_us, world)
+    assert p.t_gemm_sm_us >= p.t_gemm_best_us  # fewer SMs are never faster
+    assert f'copy="auto" takes "{want}" here' in plan._report_ag(p)
