@@ -12,7 +12,10 @@ on every peer's arrival), the GEMM (the epoch read, then per chunk and slab the 
 ready >= epoch and the read), the group barrier. A flag copy reads the epoch word when it runs,
 not when it was issued. Memory is one map of 4-byte words over every rank's buffers; every word
 of every call's shard is a distinct value, so a read of any other bytes is seen. Every
-interleaving of the ranks' streams is explored (world 2, two calls) or sampled (world 3).
+interleaving of the ranks' streams is explored (world 2, two calls) or sampled (world 3). The
+"sm" path's copy kernel runs as a stream of its own (started after the call's start, the GEMM
+once it has read the epoch: PDL; the stream's later work after both), its blocks in claim order,
+each after its peer's arrival, so calls of a copy="auto" op that switch paths are explored too.
 
 What it shows:
   1. the ce path as built is safe, push and pull, whole chunks and k-slabs: in every
@@ -110,16 +113,23 @@ class ModelGroup(OpGroup):
         return self.mem.symmetric(self.rank, nbytes, name)
 
 
-def issue_calls(log, world: int, direction: str, calls: int, slabs: int, mem: World, sides: int = 1) -> list[list[tuple]]:
-    """Each rank's issue log for ``calls`` calls of one fresh op object per rank."""
-    ops = [A.AGGemm(ModelGroup(r, world, log, mem), world * M_LOC, 64, K, "bf16", direction=direction, copy="ce", slabs=slabs,
-                    ce_streams=sides) for r in range(world)]
+def issue_calls(log, world: int, direction: str, calls: int, slabs: int, mem: World, sides: int = 1, m_locs=None) -> list[list[tuple]]:
+    """Each rank's issue log for ``calls`` calls of one fresh op object per rank; ``m_locs``: the
+    rows per rank of each call on a copy="auto" op whose calls of 1 row take "sm" and of more
+    "ce" (op.path overridden: the model's shapes are all decode-sized), else M_LOC on copy="ce"."""
+    cap = max(m_locs or (M_LOC,))
+    ops = [A.AGGemm(ModelGroup(r, world, log, mem), world * cap, 64, K, "bf16", direction=direction, copy="auto" if m_locs else "ce",
+                    slabs=slabs, ce_streams=sides) for r in range(world)]
+    if m_locs:
+        for op in ops:
+            op.path = lambda m, w=world: "sm" if m == w else "ce"
     logs: list[list[tuple]] = [[] for _ in range(world)]
     for c in range(calls):
+        m_loc = m_locs[c] if m_locs else M_LOC
         for r, op in enumerate(ops):
             log.clear()
-            op(FakeCAI(shard_ptr(r, c), (M_LOC, K)), FakeCAI(0x7C00_0000_0000, (64, K)),
-               out=FakeCAI(0x7B00_0000_0000 + (r << 32), (world * M_LOC, 64)), stream=MAIN)
+            op(FakeCAI(shard_ptr(r, c), (m_loc, K)), FakeCAI(0x7C00_0000_0000, (64, K)),
+               out=FakeCAI(0x7B00_0000_0000 + (r << 32), (world * m_loc, 64)), stream=MAIN)
             logs[r] += list(log)
     return logs
 
@@ -145,6 +155,7 @@ def build_streams(logs, faults=()):
         streams: dict[int, list[Op]] = {}
         last_record: dict[int, tuple[int, int]] = {}
         calls = 0
+        copy_kernel = None  # the "sm" call's copy kernel whose GEMM is still to come: its own stream in the model
 
         def put(s, op):
             streams.setdefault(s, []).append(op)
@@ -153,9 +164,20 @@ def build_streams(logs, faults=()):
             kind = e[0]
             if kind == "launch" and e[1] == "ag_local_kernel":
                 put(e[2], Op("local", A.AG_LOCAL_ARGS.unpack(e[4][0])))
+            elif kind == "launch" and e[1] == "ag_copy_kernel":
+                # The copy kernel starts once the stream's work so far (the call's start) has ended;
+                # its PDL dependent, the GEMM, once every copy CTA runs (after its epoch read).
+                copy_kernel = (1 << 48) + len(streams)
+                streams[copy_kernel] = [Op("wait", (e[2], len(streams[e[2]]) - 1)), Op("sm_copy", A.AG_COPY_ARGS.unpack(e[4][0]))]
             elif kind == "launch" and e[1] == "gemm_kernel":
                 tmap_a, _, _, pro, _, _ = e[4]
+                if copy_kernel is not None:
+                    assert e[5:] == ("pdl",)
+                    put(e[2], Op("pdl", (copy_kernel,)))
                 put(e[2], Op("gemm", (read_map(tmap_a)[0], A.AG_WAIT_PARAMS.unpack(pro[A.OWN_MAP_BYTES:]), calls)))
+                if copy_kernel is not None:  # the stream's later work follows both kernels
+                    put(e[2], Op("wait", (copy_kernel, 1)))
+                    copy_kernel = None
                 calls += 1
             elif kind == "memcpy":
                 _, dst, src, n, s = e
@@ -272,6 +294,43 @@ class Device:
                         return regs if ok else (regs[0], regs[1] | {(r, call, q, j)})
                     steps.append(read)
             return steps
+        if op.kind == "sm_copy":
+            _, src, gath_tab, sync, sync_tab, _, src_pitch, m_local, row_vecs, mode, slabs = op.args
+            gath, sync_peers, row = self.mem.tables[gath_tab], self.mem.tables[sync_tab], row_vecs * 16
+            slab_bytes = row // slabs
+
+            def read_epoch(mem, regs, pcs):  # s_epoch: the call's start wrote it before this kernel began
+                return (self.load(mem, sync + A.EPOCH_OFFSET),)
+
+            steps = [read_epoch]
+            for st in A.sm_copy_steps(("push", "pull")[mode], r, W, slabs):  # (slab, step) blocks in claim order
+                if st.kind == "flag":
+                    flag = sync_peers[st.dst_rank] + A.READY_OFFSET + 4 * A.ready_index(st.chunk, st.slab)
+
+                    def set_flag(mem, regs, pcs, flag=flag):
+                        mem[flag] = regs[0]
+                        return regs
+                    steps.append(set_flag)
+                    continue
+                q = st.dst_rank if st.src == "shard" else st.src_rank  # the peer whose arrival gates the block
+                col = st.slab * slab_bytes
+                if st.src == "shard":
+                    args = (gath[q] + r * m_local * row + col, src + col, slab_bytes, m_local, row, src_pitch)
+                else:
+                    args = (gath[r] + q * m_local * row + col, gath[q] + q * m_local * row + col, slab_bytes, m_local, row, row)
+
+                def arrived(mem, regs, pcs, q=q):
+                    return regs if self.load(mem, sync + A.ARRIVE_OFFSET + 4 * q) >= regs[0] else None
+
+                def block(mem, regs, pcs, args=args):
+                    self.copy_rows(mem, *args)
+                    return regs
+                steps += [arrived, block]
+            return steps
+        if op.kind == "pdl":
+            def started(mem, regs, pcs):  # the copy kernel (op 1 of its stream) is past its epoch read
+                return regs if pcs[self.index[(r, op.args[0])]] >= (1, 1) else None
+            return [started]
         if op.kind in ("copy", "flag"):
             def run(mem, regs, pcs):
                 self.copy_rows(mem, *op.args)
@@ -374,9 +433,9 @@ def sample(dev: Device, runs: int, seed: int) -> Outcomes:
     return res
 
 
-def model(log, direction, slabs, world=2, calls=2, faults=(), mem=None, sides=1) -> Device:
+def model(log, direction, slabs, world=2, calls=2, faults=(), mem=None, sides=1, m_locs=None) -> Device:
     mem = mem or World(world)
-    return Device(issue_calls(log, world, direction, calls, slabs, mem, sides), world, mem, slabs, faults)
+    return Device(issue_calls(log, world, direction, calls, slabs, mem, sides, m_locs), world, mem, slabs, faults)
 
 
 def every_peer_chunk(world, calls, slabs) -> frozenset:
@@ -395,6 +454,51 @@ def test_ce_path_is_safe_in_every_interleaving(fake_cuda, direction, slabs):
     got = explore(model(log, direction, slabs))
     assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
     assert got.states > 1000  # the interleavings were really explored
+
+
+@pytest.mark.parametrize("m_locs", [(1, 2), (2, 1)])
+@pytest.mark.parametrize("slabs", [1, 2])
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_auto_switching_paths_is_safe_in_every_interleaving(fake_cuda, direction, slabs, m_locs):
+    """copy="auto": a call on the "sm" path (the copy kernel, the GEMM its PDL dependent) then one
+    on "ce" (side-stream copies gated by the start), or the other way round: the same epoch,
+    arrivals and flags, so every GEMM read sees its own call's rows in every interleaving."""
+    log, _ = fake_cuda
+    dev = model(log, direction, slabs, m_locs=m_locs)
+    kinds = [op.kind for r, s, ops in dev.streams if r == 0 for op in ops]
+    assert "sm_copy" in kinds and "copy" in kinds and "pdl" in kinds  # both paths really run
+    got = explore(dev)
+    assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
+    assert got.states > 1000
+
+
+@pytest.mark.parametrize("slabs", [1, 2])
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_sm_path_is_safe_in_every_interleaving(fake_cuda, direction, slabs):
+    log, _ = fake_cuda
+    got = explore(model(log, direction, slabs, m_locs=(1, 1)))
+    assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
+    assert got.states > 100
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_auto_switching_paths_is_safe_on_random_schedules_at_world_3(fake_cuda, direction):
+    log, _ = fake_cuda
+    got = sample(model(log, direction, 2, world=3, calls=4, m_locs=(1, 2, 2, 1)), runs=40, seed=39)
+    assert got.deadlocks == [] and got.wrong == {frozenset()}, (got.deadlocks[:1], got.wrong)
+
+
+def test_the_model_catches_a_copy_kernel_that_skips_the_arrival(fake_cuda, monkeypatch):
+    """Without its wait for the peer's arrival, the copy kernel can overwrite rows the peer's
+    GEMM of the previous call still reads: the model must see that."""
+    log, _ = fake_cuda
+    dev = model(log, "push", 1, m_locs=(1, 1))
+    for i, (r, s, ops) in enumerate(dev.streams):
+        for j, op in enumerate(ops):
+            if op.kind == "sm_copy":
+                dev.programs[i][j] = [st if st.__name__ != "arrived" else (lambda mem, regs, pcs: regs) for st in dev.programs[i][j]]
+    got = explore(dev)
+    assert any(got.wrong - {frozenset()}) and frozenset() in got.wrong
 
 
 @pytest.mark.parametrize("direction,sides", [("push", 1), ("pull", 1), ("push", 2)])
