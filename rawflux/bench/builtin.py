@@ -156,6 +156,24 @@ def _fp32_parts(op, why):
     return factory
 
 
+def _ag_path(copy):
+    def factory(ctx):
+        import rawflux
+
+        if copy == "ce" and getattr(ctx.group, "shares_gpu_under_mps", False):
+            raise Unavailable("copy='ce' does not run where ranks share one GPU under MPS (ops.ag_gemm._check_copy_path)")
+        out = _empty(ctx, ctx.problem.out_shape)
+        sets, group, stream = ctx.sets, ctx.group, ctx.stream
+        rawflux.ag_gemm(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, copy=copy)  # compile / tune outside the timing
+        return lambda i: rawflux.ag_gemm(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, copy=copy)
+
+    factory.__doc__ = f"rawflux.ag_gemm(copy={copy!r}): one copy path at every m (the rawflux row: copy='auto' between GPUs)"
+    return factory
+
+
+# each copy path on its own, beside the rawflux row's per-m pick (ops.ag_gemm.pick_copy)
+register("ag_gemm", "rawflux.ce", "fused", _ag_path("ce"), gemm_ref="rawflux_gemm")
+register("ag_gemm", "rawflux.sm", "fused", _ag_path("sm"), gemm_ref="rawflux_gemm")
 register("gemm_rs", "rawflux.fp32parts", "fused", _fp32_parts("gemm_rs", "twice the bytes on the links, one rounding fewer"),
          gemm_ref="rawflux_gemm")
 register("gemm_ar", "rawflux.fp32parts", "fused", _fp32_parts("gemm_ar", "twice the bytes, one rounding (rawflux.nn's decode path)"),

@@ -428,3 +428,28 @@ def test_gemm_ar_rows_and_shapes():
     for impl in registry.impls("gemm_ar", names=["nccl+cublas", "nccl_allreduce"]):
         with pytest.raises(registry.Unavailable, match="one GPU"):
             impl.factory(emulated)
+
+
+def test_ag_gemm_rows_for_each_copy_path(monkeypatch):
+    """Beside the rawflux row (copy="auto" between GPUs: per m, pick_copy), rawflux.ce and
+    rawflux.sm time one copy path at every m; "ce" is unavailable where ranks share a GPU under MPS."""
+    import rawflux
+    from rawflux.bench import builtin  # noqa: F401
+
+    impls = {i.name: i for i in registry.impls("ag_gemm")}
+    assert impls["rawflux.ce"].role == impls["rawflux.sm"].role == "fused"
+    assert impls["rawflux.ce"].gemm_ref == "rawflux_gemm"
+    calls = []
+    monkeypatch.setattr(rawflux, "ag_gemm", lambda a, b, group, **kw: calls.append((a, b, kw["copy"])))
+    monkeypatch.setattr(builtin, "_empty", lambda ctx, shape: "out")
+    ctx = SimpleNamespace(group=SimpleNamespace(shares_gpu_under_mps=False), sets=[{"a": "a0", "b": "b0"}, {"a": "a1", "b": "b1"}],
+                          stream=None, problem=SimpleNamespace(out_shape=(8, 8)))
+    for copy in ("ce", "sm"):
+        calls.clear()
+        run = impls[f"rawflux.{copy}"].factory(ctx)  # one warm-up call
+        run(1)
+        assert calls == [("a0", "b0", copy), ("a1", "b1", copy)]
+    ctx.group.shares_gpu_under_mps = True
+    with pytest.raises(registry.Unavailable, match="MPS"):
+        impls["rawflux.ce"].factory(ctx)
+    impls["rawflux.sm"].factory(ctx)
