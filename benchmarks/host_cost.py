@@ -11,7 +11,7 @@ wall time / calls, perf_counter), then the stream runs them back to back between
 events (device_us = elapsed / calls: the device time once the host is out of the way); the
 median of --reps such rounds. Bars: host_us <= 15 for op objects, <= 25 for functional forms.
 At W > 1 every rank queues the same calls; the table is rank 0's. Records (op, form, world, m,
-n, k, host_us, device_us, bar_us, gpu, emulated, commit, date) go to --json ({"kind": "host-cost",
+n, k, host_us, device_us, bar_us, copy, gpu, emulated, commit, date) go to --json ({"kind": "host-cost",
 "records": [...]}), replacing the rows of the same world.
 """
 from __future__ import annotations
@@ -31,9 +31,10 @@ OBJECT_BAR_US = 15.0
 FUNCTIONAL_BAR_US = 25.0
 
 
-def forms(group, m: int, n: int, k: int):
+def forms(group, m: int, n: int, k: int, paths: dict | None = None):
     """(op, form, bar_us or None, call) for every form at world W: each call writes a
-    preallocated output from fresh random inputs made here once."""
+    preallocated output from fresh random inputs made here once. ``paths`` gets (op, form) -> the
+    copy path of the ag_gemm rows' calls at W > 1 (the default op's per-m pick, or the row's own)."""
     import torch
 
     import rawflux
@@ -65,6 +66,15 @@ def forms(group, m: int, n: int, k: int):
     ag = rawflux.AGGemm(group, m, n // w, k, torch.bfloat16)
     out += [("ag_gemm", "object", OBJECT_BAR_US, lambda: ag(a_ag, b_ag, out=c_ag)),
             ("ag_gemm", "functional", FUNCTIONAL_BAR_US, lambda: rawflux.ag_gemm(a_ag, b_ag, group, out=c_ag))]
+    if w > 1:
+        paths = {} if paths is None else paths
+        paths[("ag_gemm", "object")] = paths[("ag_gemm", "functional")] = ag.path(m)
+        # each copy path on its own where the default op picks between them (no bar: what
+        # ops.ag_gemm.pick_copy weighs); the emulated node has one path ("ce" cannot run under MPS)
+        for copy in ag.paths if len(ag.paths) > 1 else ():
+            op = rawflux.AGGemm(group, m, n // w, k, torch.bfloat16, copy=copy)
+            out.append(("ag_gemm", f"object.{copy}", None, lambda op=op: op(a_ag, b_ag, out=c_ag)))
+            paths[("ag_gemm", f"object.{copy}")] = copy
     return out
 
 
@@ -115,7 +125,8 @@ def main(argv=None) -> int:
     info = run_info(group)
     rows, over = [], 0
     for m in (int(x) for x in args.ms.split(",")):
-        for op, form, bar, call in forms(group, m, args.n, args.k):
+        paths: dict = {}
+        for op, form, bar, call in forms(group, m, args.n, args.k, paths):
             if args.profile and args.profile != f"{op}.{form}":
                 continue
             if args.profile:
@@ -136,11 +147,11 @@ def main(argv=None) -> int:
             ok = bar is None or host_us <= bar
             over += not ok
             rows.append({"op": op, "form": form, "world": group.world, "m": m, "n": args.n, "k": args.k, "host_us": round(host_us, 2),
-                         "device_us": round(dev_us, 2), "bar_us": bar, "gpu": info.gpu, "emulated": info.emulated,
+                         "device_us": round(dev_us, 2), "bar_us": bar, "copy": paths.get((op, form)), "gpu": info.gpu, "emulated": info.emulated,
                          "commit": info.commit, "date": datetime.date.today().isoformat()})
             if group.rank == 0:
                 verdict = "" if bar is None else ("ok" if ok else f"OVER {bar:g}")
-                print(f"host-cost W={group.world} m={m:4d} {op:8s} {form:10s} host {host_us:7.1f} us  device {dev_us:7.1f} us  {verdict}")
+                print(f"host-cost W={group.world} m={m:4d} {op:8s} {form:10s} {paths.get((op, form)) or '':2s} host {host_us:7.1f} us  device {dev_us:7.1f} us  {verdict}")
     if group.rank == 0 and rows:
         print(f"host-cost summary: W={group.world} {sum(r['bar_us'] is not None for r in rows) - over}/"
               f"{sum(r['bar_us'] is not None for r in rows)} forms within their bar")
