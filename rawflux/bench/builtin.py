@@ -66,7 +66,8 @@ for _op in ("ag_gemm", "gemm_rs"):
 # fused rawflux ops (rows appear once rawflux exports ag_gemm / gemm_rs that are not the baseline)
 
 
-def _fused(op):
+def _fused(op, why="communication fused into the GEMM", check=None, **options):
+    """The factory of rawflux.{op}(..., **options) rows; check(ctx) raises Unavailable where they cannot run."""
     def factory(ctx):
         import rawflux
 
@@ -75,12 +76,15 @@ def _fused(op):
         fn = getattr(rawflux, op, None)
         if fn is None or fn is getattr(baseline, op, None):
             raise Unavailable(f"rawflux.{op} (fused) is not exported yet")
+        if check is not None:
+            check(ctx)
         out = _empty(ctx, ctx.problem.out_shape)
         sets, group, stream = ctx.sets, ctx.group, ctx.stream
-        fn(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream)  # compile / tune outside the timing
-        return lambda i: fn(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream)
+        fn(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, **options)  # compile / tune outside the timing
+        return lambda i: fn(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, **options)
 
-    factory.__doc__ = f"rawflux.{op}: communication fused into the GEMM"
+    args = "".join(f"({k}={v!r})" for k, v in options.items())
+    factory.__doc__ = f"rawflux.{op}{args}: {why}"
     return factory
 
 
@@ -139,45 +143,25 @@ register("gemm_ar", "nccl_allreduce", "comm", _all_reduce("nccl"))
 register("gemm_ar", "ipc_allreduce", "comm", _all_reduce("ipc"))
 
 
-def _fp32_parts(op, why):
-    def factory(ctx):
-        import rawflux
-        from ..runtime import DType
+def _half_only(ctx):
+    from ..runtime import DType
 
-        if ctx.dtype not in (DType.BF16, DType.F16):
-            raise Unavailable(f"rawflux.{op} takes bf16 / f16, not {ctx.dtype.tag}")
-        fn = getattr(rawflux, op)
-        out = _empty(ctx, ctx.problem.out_shape)
-        sets, group, stream = ctx.sets, ctx.group, ctx.stream
-        fn(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, partials="fp32")  # compile / tune outside the timing
-        return lambda i: fn(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, partials="fp32")
-
-    factory.__doc__ = f"rawflux.{op}(partials='fp32'): {why}"
-    return factory
+    if ctx.dtype not in (DType.BF16, DType.F16):
+        raise Unavailable(f"rawflux.{ctx.problem.op} takes bf16 / f16, not {ctx.dtype.tag}")
 
 
-def _ag_path(copy):
-    def factory(ctx):
-        import rawflux
-
-        if copy == "ce" and getattr(ctx.group, "shares_gpu_under_mps", False):
-            raise Unavailable("copy='ce' does not run where ranks share one GPU under MPS (ops.ag_gemm._check_copy_path)")
-        out = _empty(ctx, ctx.problem.out_shape)
-        sets, group, stream = ctx.sets, ctx.group, ctx.stream
-        rawflux.ag_gemm(sets[0]["a"], sets[0]["b"], group, out=out, stream=stream, copy=copy)  # compile / tune outside the timing
-        return lambda i: rawflux.ag_gemm(sets[i]["a"], sets[i]["b"], group, out=out, stream=stream, copy=copy)
-
-    factory.__doc__ = f"rawflux.ag_gemm(copy={copy!r}): one copy path at every m (the rawflux row: copy='auto' between GPUs)"
-    return factory
+def _no_mps(ctx):
+    if getattr(ctx.group, "shares_gpu_under_mps", False):
+        raise Unavailable("copy='ce' does not run where ranks share one GPU under MPS (ops.ag_gemm._check_copy_path)")
 
 
+register("gemm_rs", "rawflux.fp32parts", "fused", _fused("gemm_rs", "twice the bytes on the links, one rounding fewer", _half_only,
+                                                         partials="fp32"), gemm_ref="rawflux_gemm")
+register("gemm_ar", "rawflux.fp32parts", "fused", _fused("gemm_ar", "twice the bytes, one rounding (rawflux.nn's decode path)", _half_only,
+                                                         partials="fp32"), gemm_ref="rawflux_gemm")
 # each copy path on its own, beside the rawflux row's per-m pick (ops.ag_gemm.pick_copy)
-register("ag_gemm", "rawflux.ce", "fused", _ag_path("ce"), gemm_ref="rawflux_gemm")
-register("ag_gemm", "rawflux.sm", "fused", _ag_path("sm"), gemm_ref="rawflux_gemm")
-register("gemm_rs", "rawflux.fp32parts", "fused", _fp32_parts("gemm_rs", "twice the bytes on the links, one rounding fewer"),
-         gemm_ref="rawflux_gemm")
-register("gemm_ar", "rawflux.fp32parts", "fused", _fp32_parts("gemm_ar", "twice the bytes, one rounding (rawflux.nn's decode path)"),
-         gemm_ref="rawflux_gemm")
+register("ag_gemm", "rawflux.ce", "fused", _fused("ag_gemm", "one copy path at every m", _no_mps, copy="ce"), gemm_ref="rawflux_gemm")
+register("ag_gemm", "rawflux.sm", "fused", _fused("ag_gemm", "one copy path at every m", copy="sm"), gemm_ref="rawflux_gemm")
 
 
 # --------------------------------------------------------------------------------------------
